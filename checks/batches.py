@@ -1,0 +1,128 @@
+"""Batches as the engine sees them: requests per DP rank, forward modes and the DP padding mode.
+
+A request is (prefix, extend): `prefix` tokens already in the KV cache, `extend` new tokens this forward.
+Decode is extend == 1 after a non-empty prefix; a DP rank with no request is IDLE (it still joins every
+collective). Inputs are never shipped: every process rebuilds them from (seed, shapes) with `inputs()`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+EXTEND, DECODE, IDLE = "extend", "decode", "idle"
+SUM_LEN, MAX_LEN = "sum_len", "max_len"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Request:
+    prefix: int
+    extend: int
+
+    @property
+    def total(self) -> int:
+        return self.prefix + self.extend
+
+
+@dataclass(frozen=True)
+class Batch:
+    per_dp: tuple[tuple[Request, ...], ...]
+    seed: int = 0
+
+    @classmethod
+    def from_counts(cls, counts: Sequence[int], seed: int = 0, decode: bool = False) -> "Batch":
+        """One request per non-idle DP rank: `count` extend tokens, or `count` decode requests."""
+        per = []
+        for c in counts:
+            if decode:
+                per.append(tuple(Request(3 + i, 1) for i in range(c)))
+            else:
+                per.append((Request(0, c),) if c else ())
+        return cls(tuple(per), seed)
+
+    @property
+    def dp(self) -> int:
+        return len(self.per_dp)
+
+    def tokens_per_dp(self) -> list[int]:
+        return [sum(r.extend for r in reqs) for reqs in self.per_dp]
+
+    def forward_modes(self) -> list[str]:
+        out = []
+        for reqs in self.per_dp:
+            if not reqs or sum(r.extend for r in reqs) == 0:
+                out.append(IDLE)
+            elif all(r.extend == 1 and r.prefix > 0 for r in reqs):
+                out.append(DECODE)
+            else:
+                out.append(EXTEND)
+        return out
+
+    @property
+    def is_extend_in_batch(self) -> bool:
+        return EXTEND in self.forward_modes()
+
+    @property
+    def nobody_runs(self) -> bool:
+        """The scheduler's rule: when every DP rank is idle no forward happens at all."""
+        return all(m == IDLE for m in self.forward_modes())
+
+    def requests_flat(self) -> list[tuple[int, int, Request]]:
+        """(dp_rank, index within the rank, request) in global order."""
+        return [(d, i, r) for d, reqs in enumerate(self.per_dp) for i, r in enumerate(reqs)]
+
+    def describe(self) -> str:
+        parts = []
+        for d, reqs in enumerate(self.per_dp):
+            parts.append(f"dp{d}:" + ("idle" if not reqs else ",".join(f"{r.prefix}+{r.extend}" for r in reqs)))
+        return " ".join(parts) + f" seed={self.seed}"
+
+
+def padding_mode(batch: Batch) -> str | None:
+    """sglang `DpPaddingMode.get_dp_padding_mode` without all-to-all backends or custom all-reduce:
+    SUM_LEN whenever a rank extends (MAX_LEN would pad prefill, bug B12), else the cheaper of the two."""
+    counts = batch.tokens_per_dp()
+    if batch.nobody_runs:
+        return None
+    if batch.is_extend_in_batch and batch.dp > 1:
+        return SUM_LEN
+    if sum(counts) * 2 >= max(counts) * batch.dp:
+        return MAX_LEN
+    return SUM_LEN
+
+
+def ceil_align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def seq_inputs(batch: Batch, hidden: int, dtype: torch.dtype, scale: float = 1.0) -> list[torch.Tensor]:
+    """Per request (global order): hidden states [prefix + extend, hidden], rounded to `dtype`."""
+    g = torch.Generator().manual_seed(batch.seed)
+    out = []
+    for _, _, r in batch.requests_flat():
+        out.append((torch.randn(r.total, hidden, generator=g, dtype=torch.float64) * scale).to(dtype))
+    return out
+
+
+def seq_token_ids(batch: Batch, vocab: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(batch.seed)
+    return [torch.randint(0, vocab, (r.total,), generator=g) for _, _, r in batch.requests_flat()]
+
+
+def parse_batch(text: str) -> Batch:
+    """Inverse of Batch.describe(): 'dp0:0+5,3+1 dp1:idle seed=1'."""
+    per, seed = [], 0
+    for part in text.split():
+        if part.startswith("seed="):
+            seed = int(part[5:])
+            continue
+        _, _, reqs = part.partition(":")
+        if reqs == "idle":
+            per.append(())
+        else:
+            per.append(tuple(Request(*map(int, r.split("+"))) for r in reqs.split(",")))
+    return Batch(tuple(per), seed)

@@ -1,0 +1,50 @@
+"""Harness throughput: world start time and MoE-block examples per second, reused world vs a fresh world
+per example.   python -m checks.bench_harness [--sizes 2,4] [--examples 40]"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from checks.batches import Batch, Request
+from checks.topology import Layout
+from checks.unitjob import UnitJob
+from checks.world import World
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="2,4")
+    ap.add_argument("--examples", type=int, default=40)
+    ap.add_argument("--fixture", default="qwen2-moe-shared")
+    a = ap.parse_args(argv)
+    from fixtures.build import fixture_path
+    path = str(fixture_path(a.fixture))
+    print(f"| ranks | world start (s) | reused world: examples/s | fresh world per example: examples/s |")
+    print("|---|---|---|---|")
+    for n in map(int, a.sizes.split(",")):
+        lay = Layout(n, n, n)
+        jobs = [UnitJob("spec", "moe", path, lay,
+                        Batch(tuple(((Request(0, 1 + (i + d) % 5),) if (i + d) % 3 else ()) for d in range(n)), i),
+                        "float32") for i in range(a.examples)]
+        w = World(n)
+        t0 = time.perf_counter()
+        w.start()
+        start = time.perf_counter() - t0
+        w.run(jobs[0])                       # builds the sharded module once
+        t0 = time.perf_counter()
+        for j in jobs:
+            w.run(j)
+        reused = len(jobs) / (time.perf_counter() - t0)
+        w.close()
+        fresh_n = min(5, len(jobs))
+        t0 = time.perf_counter()
+        for j in jobs[:fresh_n]:
+            with World(n) as f:
+                f.run(j)
+        fresh = fresh_n / (time.perf_counter() - t0)
+        print(f"| {n} | {start:.2f} | {reused:.1f} | {fresh:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""The bug catalog (shared BUGS.md) as code: each mutant is the spec target with one small, named change
+that reproduces a real bug's mechanism. Select one as a target with `--target checks.mutants:B14`.
+
+The suite must fail on every mutant (python -m checks.killtable prints who caught what) and pass on the
+unmutated spec. Entries no layer-level run of this spec can express are in NOT_EXPRESSED with the reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from checks.batches import MAX_LEN, SUM_LEN, ceil_align
+from checks.targets.spec import SpecModel, SpecTarget, rms_norm
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    name: str
+    kind: str          # what a user sees: wrong numbers, hang, crash
+    mechanism: str
+    model: type
+
+
+CATALOG: dict[str, Mutant] = {}
+
+
+def mutant(id: str, name: str, kind: str, mechanism: str):
+    def register(cls):
+        CATALOG[id] = Mutant(id, name, kind, mechanism, cls)
+        return cls
+    return register
+
+
+@mutant("B01", "attention-over-full-tp", "crash",
+        "attention sharded and all-reduced over the whole TP group while DP ranks hold different batches")
+class AttentionOverFullTP(SpecModel):
+    def attention(self, i, step, xs):
+        lay, r = self.lay, self.attn_tp_rank
+        self.lay = type(lay)(lay.tp, 1, lay.ep)          # pretend there is no DP attention
+        self.attn_tp_rank = self.rank
+        try:
+            out = super().attention(i, step, xs)
+        finally:
+            self.lay, self.attn_tp_rank = lay, r
+        dist.all_reduce(out, group=self.g.tp)
+        return out
+
+
+@mutant("B02", "idle-rank-skips-gather", "hang", "a rank with zero tokens skips the DP gather the others enter")
+class IdleSkipsGather(SpecModel):
+    def gather(self, local, step, mode, partial):
+        if step.num_tokens == 0:
+            counts = step.batch.tokens_per_dp()
+            n = sum(counts) if mode == SUM_LEN else self.max_len(counts) * self.lay.dp
+            return torch.zeros(n, self.H, dtype=local.dtype, device=local.device)
+        return super().gather(local, step, mode, partial)
+
+
+@mutant("B03", "wrong-attn-tp-rank", "wrong numbers",
+        "attention-TP rank taken as rank // dp instead of the global map rank % attn_tp: heads duplicated")
+class WrongAttnTPRank(SpecModel):
+    def __init__(self, env):
+        super().__init__(env)
+        self.attn_tp_rank = (self.rank // self.lay.dp) % self.lay.attn_tp
+
+
+@mutant("B04", "unaligned-max-len", "crash",
+        "MAX_LEN slot not aligned to attention TP before the reduce-scatter")
+class UnalignedMaxLen(SpecModel):
+    def max_len(self, counts):
+        return max(counts)
+
+
+@mutant("B06", "local-dp-offset", "wrong numbers",
+        "gather/scatter offsets computed from the rank inside its group instead of the global DP rank")
+class LocalDpOffset(SpecModel):
+    def dp_offset(self, counts):
+        return sum(counts[: self.attn_tp_rank % len(counts)])
+
+
+@mutant("B07", "lm-head-group-mismatch", "wrong logits / shape crash",
+        "dp-lm-head: vocab sharded over the attention-TP group but logits gathered over the TP group")
+class LmHeadGroupMismatch(SpecModel):
+    def vocab_parallel(self, h, parts, idx, group):
+        if self.lay.dp_lm_head:
+            group, parts = self.g.tp, self.lay.tp
+        return super().vocab_parallel(h, parts, idx, group)
+
+
+@mutant("B08", "reduce-only-with-shared-expert", "wrong numbers",
+        "the MoE all-reduce nested under 'if shared expert': routed partials never reduced without one")
+class ReduceOnlyWithShared(SpecModel):
+    def _has_shared(self):
+        return bool(self.cfg.get("shared_expert_intermediate_size"))
+
+    def mlp_all_reduce(self, i, y):
+        return super().mlp_all_reduce(i, y) if self._has_shared() or not self.is_sparse(i) else y
+
+    def reduce_and_scatter(self, y, step, mode):
+        if self._has_shared():
+            return super().reduce_and_scatter(y, step, mode)
+        off, n = self.slot(step, mode)
+        return y[off: off + n].clone()
+
+
+@mutant("B09", "every-layer-sparse", "silent garbage",
+        "decoder_sparse_step / mlp_only_layers ignored: dense layers' MLP weights silently dropped")
+class EveryLayerSparse(SpecModel):
+    def mlp(self, i, x, n_real, counts):
+        if not self.is_sparse(i):
+            return torch.zeros_like(x)   # no expert weights exist for this layer: nothing is computed
+        return super().mlp(i, x, n_real, counts)
+
+
+@mutant("B10", "shared-reads-overwritten-input", "wrong numbers",
+        "the shared expert reads its input after the in-place routed MoE overwrote it")
+class SharedReadsOverwritten(SpecModel):
+    def moe(self, i, x, n_real, counts):
+        w, ids = self.route(i, x)
+        out = self.routed_experts(i, x, w, self.mask_padding(ids, n_real), counts)
+        x = x.clone().copy_(out)         # the fused kernel wrote its output over the input buffer
+        return self.combine(out, self.shared_expert(i, x))
+
+
+@mutant("B11", "padded-rows-dispatched", "polluted expert stats",
+        "MAX_LEN padding rows dispatched to experts (num_token_non_padded missing)")
+class PaddedRowsDispatched(SpecModel):
+    def mask_padding(self, ids, n_real):
+        return ids
+
+
+@mutant("B12", "max-len-during-extend", "accuracy drop",
+        "padding mode chosen by cost alone: MAX_LEN padding while ranks extend")
+class MaxLenDuringExtend(SpecModel):
+    def padding_mode(self, step):
+        counts = step.batch.tokens_per_dp()
+        if step.batch.nobody_runs:
+            return None
+        return MAX_LEN if sum(counts) * 2 >= max(counts) * step.batch.dp else SUM_LEN
+
+
+@mutant("B13", "scatter-into-shared-local-buffer", "wrong numbers",
+        "dp_scatter writes into one persistent local buffer that the next scatter overwrites (aliasing)")
+class ScatterIntoSharedBuffer(SpecModel):
+    def scatter(self, buf, step, mode):
+        off, n = self.slot(step, mode)
+        local = self._cache.get("local_buf")
+        if local is None or local.shape[0] < n or local.dtype != buf.dtype:
+            local = self._cache["local_buf"] = torch.empty(max(n, 1), self.H, dtype=buf.dtype, device=buf.device)
+        out = local[:n]
+        out.copy_(buf[off: off + n])
+        return out
+
+
+@mutant("B14", "double-reduction", "wrong numbers, fluent text",
+        "the model all-reduces the MoE output and the communicator reduce-scatters it again (x tp)")
+class DoubleReduction(SpecModel):
+    def reduce_and_scatter(self, y, step, mode):
+        if mode == MAX_LEN:
+            dist.all_reduce(y, group=self.g.tp)
+        return super().reduce_and_scatter(y, step, mode)
+
+
+@mutant("B15", "replicated-shared-expert-summed", "wrong numbers",
+        "a replicated (unsharded) shared expert summed by the post-MoE all-reduce: routed + tp * shared")
+class ReplicatedSharedSummed(SpecModel):
+    def shared_expert(self, i, x):
+        inter = self.cfg.get("shared_expert_intermediate_size") or 0
+        if not inter:
+            return None
+        p = f"model.layers.{i}.mlp."
+        y = self.dense_mlp(i, x, p + "shared_expert.", inter, 1, 0)
+        return torch.sigmoid(F.linear(x, self.W(p + "shared_expert_gate.weight"))) * y
+
+
+@mutant("B16", "idle-logits-index", "crash",
+        "an idle rank padded to an EXTEND of length 0: logits index cumsum([0]) - 1 = -1 returns a row")
+class IdleLogitsIndex(SpecModel):
+    def lm_head(self, h, step):
+        if self.lay.dp_lm_head and step.num_tokens == 0:
+            h = torch.zeros(1, self.H, dtype=h.dtype, device=h.device)[torch.tensor([0]).cumsum(0) - 1]
+        return super().lm_head(h, step)
+
+
+@mutant("B18", "embedding-sharded-attn-tp", "hang",
+        "embedding vocab-sharded over the attention-TP group under DP attention, reduced over TP")
+class EmbeddingShardedAttnTP(SpecModel):
+    def embed(self, ids):
+        if self.lay.dp == 1:
+            return super().embed(ids)
+        w = self.W("model.embed_tokens.weight")
+        s = self.shard(w.shape[0], self.lay.attn_tp, self.attn_tp_rank)
+        local = ids - s.start
+        inside = (local >= 0) & (local < s.stop - s.start)
+        out = F.embedding(torch.where(inside, local, 0), w[s]) * inside[:, None].to(w.dtype)
+        dist.all_reduce(out, group=self.g.tp)
+        return out
+
+
+@mutant("B20", "padding-from-local-count", "hang",
+        "MAX_LEN padding size chosen from this rank's unpadded count: ranks run different shapes")
+class PaddingFromLocalCount(SpecModel):
+    def max_len(self, counts):
+        return ceil_align(max(counts[self.dp_rank], 1), self.lay.attn_tp)
+
+
+# ---- mutants of the model semantics ----
+@mutant("M01", "norm-topk-prob-ignored", "wrong numbers", "norm_topk_prob ignored: top-k weights not renormalised")
+class NormTopkIgnored(SpecModel):
+    def route(self, i, x):
+        logits = F.linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
+        w, ids = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), self.topk, dim=-1)
+        return w.to(x.dtype), ids
+
+
+@mutant("M02", "shared-gate-without-sigmoid", "wrong numbers", "shared-expert gate applied without the sigmoid")
+class SharedGateNoSigmoid(SpecModel):
+    def shared_expert(self, i, x):
+        inter = self.cfg.get("shared_expert_intermediate_size") or 0
+        if not inter:
+            return None
+        p = f"model.layers.{i}.mlp."
+        y = self.dense_mlp(i, x, p + "shared_expert.", inter, self.lay.tp, self.rank)
+        return F.linear(x, self.W(p + "shared_expert_gate.weight")) * y
+
+
+@mutant("M03", "qk-norm-after-rope", "wrong numbers", "Qwen3 qk-norm applied after RoPE instead of before")
+class QkNormAfterRope(SpecModel):
+    def qk_norm_and_rope(self, i, q, k, pos):
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        if self.qk_norm:
+            p = f"model.layers.{i}.self_attn."
+            q = rms_norm(q, self.W(p + "q_norm.weight"), self.eps)
+            k = rms_norm(k, self.W(p + "k_norm.weight"), self.eps)
+        return q, k
+
+
+@mutant("M04", "strided-expert-ownership", "wrong numbers",
+        "tokens dispatched by a strided expert map while the weights were loaded as contiguous blocks")
+class StridedExpertOwnership(SpecModel):
+    def routed_experts(self, i, x, w, ids, counts):
+        per = self.E // self.lay.ep
+        remap = torch.full((self.E + 1,), -1, dtype=ids.dtype)
+        for j in range(per):   # expert (ep_rank + j*ep) is computed with the weights of expert (block + j)
+            remap[self.ep_rank + j * self.lay.ep] = self.ep_rank * per + j
+        ids = torch.where(ids >= 0, remap[ids.clamp(min=0)], ids)
+        return super().routed_experts(i, x, w, ids, counts)
+
+
+@mutant("M05", "kv-heads-not-replicated", "wrong numbers",
+        "fewer KV heads than attention-TP ranks: KV head picked as rank % kv instead of replicated blocks")
+class KvNotReplicated(SpecModel):
+    def kv_head_range(self):
+        if self.kv >= self.lay.attn_tp:
+            return super().kv_head_range()
+        h = self.attn_tp_rank % self.kv
+        return range(h, h + 1)
+
+
+@mutant("M06", "residual-on-every-attn-tp-rank", "wrong numbers",
+        "the residual folded in on every attention-TP rank before the partial gather (x attn_tp)")
+class ResidualEveryRank(SpecModel):
+    def folds_residual(self):
+        return True
+
+
+NOT_EXPRESSED = {
+    "B05": "needs moe_dense_tp_size = 1 (a replicated dense MLP on local tokens); the spec only implements "
+           "the TP-sharded dense path",
+    "B17": "needs an all-to-all MoE backend where each rank routes only its own tokens; the spec's MoE always "
+           "runs on the gathered buffer, which is empty only when nobody runs",
+    "B19": "sequence-parallel MoE is not part of SGLang's Qwen2/Qwen3-MoE path that the spec mirrors",
+}
+
+
+class MutantTarget(SpecTarget):
+    def __init__(self, m: Mutant):
+        self.mutant, self.model_class, self.name = m, m.model, f"spec~{m.id}"
+
+
+for _id, _m in CATALOG.items():
+    globals()[_id] = MutantTarget(_m)

@@ -1,0 +1,170 @@
+"""The tolerance model: a layout passes where its error against the float64 truth stays within what one
+device legitimately makes in the same dtype, plus the rounding the layout itself adds.
+
+Per token row r (rows are the unit of ownership: a row belongs to one request on one DP rank):
+
+    err_sut[r] = max_j |sut - truth|        err_ref[r] = max_j |ref_in_dtype - truth|
+    pass  iff  err_sut[r] <= FACTOR * err_ref[r] + (fan_in + 1) * ulp(max_j |truth[r]|)
+
+- FACTOR = 2 is FlashAttention's criterion ("at most 2x the error of the reference in the same precision"):
+  the layout runs the same operations as the reference in another order, so its rounding error has the
+  same size as the reference's; 2x leaves room for the order.
+- The floor covers what the reference does not do at all: a reduction over `fan_in` ranks rounds each
+  rank's partial to the dtype (<= 0.5 ulp each) and sums them in the dtype (fan_in - 1 roundings of <= 0.5
+  ulp): fan_in ulp in all, plus 1 ulp for the final cast. Measured (checks/tests/test_numerics.py, and
+  `python -m checks.calibrate`): split-K bf16 reductions over 2..8 partials at realistic sizes stay
+  within this bound on every row, while a 1-ulp systematic bias and a 2x reduction are far outside.
+- Systematic bias is invisible to a max-error bound (a 1-ulp shift is smaller than 2x the reference's
+  rounding noise), so a second test compares the mean signed error, in ulps of each element's magnitude,
+  with the reference's: rows are the clusters (errors inside a row share the norm's scale), and the shift
+  must be both significant (|z| > BIAS_Z over rows) and larger than BIAS_MIN_ULP. Reordered reductions are
+  unbiased (round-to-nearest-even), so they pass.
+- Router near-ties: a token whose k-th and (k+1)-th expert probabilities differ by less than the
+  rounding noise may route differently in another layout; such rows (found by `near_ties`) are excused
+  from the element checks, counted, and reported; a row beyond the bound that is not a near-tie fails.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+FACTOR = 2.0
+BIAS_Z = 6.0
+BIAS_MIN_ULP = 0.25
+BIAS_MIN_ROWS = 16
+
+
+def eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of `dtype` numbers at |x| (float64), never below the smallest normal's spacing."""
+    x = x.abs().to(torch.float64)
+    fi = torch.finfo(dtype)
+    e = torch.floor(torch.log2(torch.clamp(x, min=fi.tiny)))
+    return torch.clamp(torch.pow(2.0, e) * fi.eps, min=fi.tiny * fi.eps)
+
+
+@dataclass
+class Verdict:
+    name: str
+    ok: bool
+    dtype: str
+    rows: int
+    max_abs: float = 0.0
+    mean_abs: float = 0.0
+    max_ulp: float = 0.0
+    cosine: float = 1.0
+    ratio: float = float("nan")     # |sut| / |truth| over all rows: 2.0 is a double reduction
+    worst_row: int = -1
+    worst_col: int = -1
+    worst_label: str = ""
+    worst_excess: float = 0.0       # err_sut / bound at the worst row
+    failing_rows: list[int] = field(default_factory=list)
+    tie_rows: int = 0
+    tie_flips: int = 0
+    bias_ulp: float = 0.0
+    ref_bias_ulp: float = 0.0
+    bias_z: float = 0.0
+    reasons: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        head = f"{self.name}: {'PASS' if self.ok else 'FAIL'} ({self.dtype}, {self.rows} rows)"
+        body = (f"  max|err|={self.max_abs:.3g} mean|err|={self.mean_abs:.3g} max_ulp={self.max_ulp:.1f} "
+                f"cosine={self.cosine:.6f} |sut|/|truth|={self.ratio:.4f}\n"
+                f"  worst: {self.worst_label} element {self.worst_col}, error {self.worst_excess:.2f}x its bound\n"
+                f"  near-tie rows: {self.tie_rows} (of which beyond bound: {self.tie_flips}); "
+                f"bias {self.bias_ulp:+.3f} ulp vs reference {self.ref_bias_ulp:+.3f} (z={self.bias_z:.1f})")
+        reasons = "".join(f"\n  - {r}" for r in self.reasons)
+        return f"{head}\n{body}{reasons}"
+
+
+def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+            fan_in: int = 1, excused: torch.Tensor | None = None,
+            labels: Sequence[str] | None = None) -> Verdict:
+    """Judge `sut` ([rows, cols]) against float64 `truth`, using `ref` (same rows, one device, `dtype`)."""
+    if tuple(sut.shape) != tuple(truth.shape):
+        return Verdict(name, False, str(dtype), truth.shape[0] if truth.dim() else 0,
+                       reasons=[f"shape {tuple(sut.shape)} != expected {tuple(truth.shape)}"])
+    rows = truth.shape[0]
+    v = Verdict(name, True, str(dtype).replace("torch.", ""), rows)
+    if rows == 0 or truth.numel() == 0:
+        return v
+    s, t, r = (x.reshape(rows, -1).to(torch.float64) for x in (sut, truth, ref))
+    if not torch.isfinite(s).all():
+        bad = (~torch.isfinite(s)).any(1).nonzero()[0].item()
+        v.ok = False
+        v.reasons.append(f"non-finite values, first at {_label(labels, bad)}")
+        return v
+    d_sut, d_ref = (s - t).abs(), (r - t).abs()
+    e_sut, e_ref = d_sut.amax(1), d_ref.amax(1)
+    scale = t.abs().amax(1)
+    bound = FACTOR * e_ref + (fan_in + 1) * ulp(scale, dtype)
+    excess = e_sut / bound
+    ex = torch.zeros(rows, dtype=torch.bool) if excused is None else excused.to(torch.bool)
+    beyond = excess > 1.0
+    v.tie_rows, v.tie_flips = int(ex.sum()), int((beyond & ex).sum())
+    failing = beyond & ~ex
+    v.failing_rows = failing.nonzero().flatten().tolist()
+    keep = ~ex
+    v.max_abs = float(d_sut[keep].max()) if keep.any() else 0.0
+    v.mean_abs = float(d_sut[keep].mean()) if keep.any() else 0.0
+    u = ulp(torch.maximum(t.abs(), _rms(t)[:, None]), dtype)
+    v.max_ulp = float((d_sut / u)[keep].max()) if keep.any() else 0.0
+    v.cosine = float(torch.nn.functional.cosine_similarity(s[keep].flatten(), t[keep].flatten(), dim=0)) \
+        if keep.any() and t[keep].norm() > 0 else 1.0
+    v.ratio = float(s[keep].norm() / t[keep].norm()) if keep.any() and t[keep].norm() > 0 else float("nan")
+    masked = torch.where(keep, excess, torch.zeros_like(excess))
+    wr = int(masked.argmax())
+    v.worst_row, v.worst_col = wr, int(d_sut[wr].argmax())
+    v.worst_label, v.worst_excess = _label(labels, wr), float(masked[wr])
+    if v.failing_rows:
+        v.ok = False
+        v.reasons.append(f"{len(v.failing_rows)} of {rows} rows beyond the bound (2x reference error + "
+                         f"{fan_in + 1} ulp); worst {v.worst_label}: |err| {float(e_sut[wr]):.3g} vs bound "
+                         f"{float(bound[wr]):.3g}, reference error {float(e_ref[wr]):.3g}; |sut|/|truth| = "
+                         f"{v.ratio:.4f}")
+    # systematic bias, rows as clusters
+    kept = keep.nonzero().flatten()
+    if len(kept) >= BIAS_MIN_ROWS:
+        b_sut = ((s - t) / u)[kept].mean(1)
+        b_ref = ((r - t) / u)[kept].mean(1)
+        diff = b_sut - b_ref
+        se = float(diff.std() / math.sqrt(len(kept))) or 1e-30
+        v.bias_ulp, v.ref_bias_ulp = float(b_sut.mean()), float(b_ref.mean())
+        v.bias_z = float(diff.mean()) / se
+        if abs(v.bias_z) > BIAS_Z and abs(float(diff.mean())) > BIAS_MIN_ULP:
+            v.ok = False
+            v.reasons.append(f"systematic bias of {float(diff.mean()):+.3f} ulp per element beyond the "
+                             f"reference's (z={v.bias_z:.1f} over {len(kept)} rows)")
+    return v
+
+
+def _rms(t: torch.Tensor) -> torch.Tensor:
+    return t.pow(2).mean(1).sqrt()
+
+
+def _label(labels: Sequence[str] | None, row: int) -> str:
+    if labels is not None and 0 <= row < len(labels):
+        return labels[row]
+    return f"row {row}"
+
+
+def near_ties(p_truth: torch.Tensor, p_ref: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows whose k-th and (k+1)-th router probabilities differ by less than the rounding noise.
+
+    The noise of a row is what one device makes in `dtype` (max |p_ref - p_truth| over experts), times
+    FACTOR as for outputs (the layout may make twice the reference's error), plus 2 ulp of the k-th
+    probability for the comparison itself. Returns a bool mask over rows.
+    """
+    p = p_truth.to(torch.float64)
+    if p.shape[0] == 0 or top_k >= p.shape[1]:
+        return torch.zeros(p.shape[0], dtype=torch.bool)
+    top = p.topk(top_k + 1, dim=1).values
+    margin = top[:, top_k - 1] - top[:, top_k]
+    noise = (p_ref.to(torch.float64) - p).abs().amax(1)
+    return margin <= FACTOR * noise + 2 * ulp(top[:, top_k - 1], dtype)

@@ -1,0 +1,228 @@
+"""One parity example end to end: run a unit of a target across a world, ask the oracle, judge.
+
+The result holds every check as data so that properties (property_tests/) assert on it and the kill table
+can say which check caught a mutant: output parity (tolerance model), exact row ownership / shapes /
+dtypes, expert dispatch counts, the padding-mode rule, and collective discipline from the records.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from checks import numerics
+from checks.batches import DTYPES, Batch, padding_mode, seq_inputs, seq_token_ids
+from checks.recorder import mismatches
+from checks.reference import Oracle, UnitRef
+from checks.targets.protocol import resolve, skip_reason
+from checks.topology import Layout, validate
+from checks.unitjob import UnitJob, load_weights
+from checks.world import RankResult, WorldFailure, get_world
+
+
+@dataclass
+class Check:
+    prop: str          # which property: "parity", "ownership", "dispatch", "padding-rule", "collectives", ...
+    ok: bool
+    message: str = ""
+
+
+@dataclass
+class ParityResult:
+    unit: str
+    layout: Layout
+    batch: Batch
+    dtype: str
+    checks: list[Check] = field(default_factory=list)
+    verdict: numerics.Verdict | None = None
+    first_divergent_layer: int | None = None
+    skipped: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def report(self) -> str:
+        lines = [f"{self.unit} {self.layout} {self.dtype} batch[{self.batch.describe()}]"]
+        for c in self.failures():
+            lines.append(f"[{c.prop}] {c.message}")
+        if self.verdict is not None:
+            lines.append(str(self.verdict))
+        if self.first_divergent_layer is not None:
+            lines.append(f"first divergent layer: {self.first_divergent_layer}")
+        return "\n".join(lines)
+
+
+def row_labels(batch: Batch, layout: Layout, ranks: list[int]) -> list[str]:
+    out = []
+    for r in ranks:
+        d = layout.dp_rank(r)
+        for i, req in enumerate(batch.per_dp[d]):
+            out += [f"rank {r} (dp {d}) request {i} token {req.prefix + t}" for t in range(req.extend)]
+    return out
+
+
+def oracle_rows(ref: torch.Tensor, batch: Batch, layout: Layout, ranks: list[int]) -> torch.Tensor:
+    """The oracle's rows (global order) arranged as the concatenation of the given ranks' outputs."""
+    counts = batch.tokens_per_dp()
+    starts = [sum(counts[:d]) for d in range(len(counts))]
+    idx = []
+    for r in ranks:
+        d = layout.dp_rank(r)
+        idx += range(starts[d], starts[d] + counts[d])
+    return ref[torch.tensor(idx, dtype=torch.long)] if idx else ref[:0]
+
+
+def excused_rows(uref: UnitRef, batch: Batch, unit: str, top_k: int, dtype) -> torch.Tensor:
+    """Global rows (extend tokens, global order) a router near-tie may legitimately change.
+    Single-layer units: the tied token itself. Model: that token and every later token of its request."""
+    n = sum(batch.tokens_per_dp())
+    ex = torch.zeros(n, dtype=torch.bool)
+    flat = batch.requests_flat()
+    for truth_reqs, ref_reqs in uref.router:
+        row = 0
+        for (_, _, req), pt, pr in zip(flat, truth_reqs, ref_reqs):
+            ties = numerics.near_ties(pt, pr, top_k, dtype)
+            if unit == "model":
+                hit = ties.nonzero().flatten()
+                if len(hit):
+                    first = int(hit[0])                  # position in prefix + extend
+                    lo = max(first - req.prefix, 0)
+                    ex[row + lo: row + req.extend] = True
+            else:
+                ex[row: row + req.extend] |= ties[-req.extend:] if req.extend else ties[:0]
+            row += req.extend
+    return ex
+
+
+def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: Batch, dtype: str,
+                layer: int = 0, device: str = "cpu", deadline_s: float = 120.0) -> ParityResult:
+    config, _ = load_weights(str(model_dir))
+    validate(layout, config)
+    res = ParityResult(unit, layout, batch, dtype)
+    tgt = resolve(target)
+    reason = skip_reason(tgt, unit, config, layout)
+    if reason:
+        res.skipped = reason
+        return res
+    if batch.nobody_runs:
+        # the engine's rule: with every DP rank idle nobody runs a forward, so nothing may be sent
+        res.checks.append(Check("idle-rule", True, "all DP ranks idle: no forward is issued"))
+        return res
+    world = get_world(layout.tp, device, deadline_s)
+    job = UnitJob(target, unit, str(model_dir), layout, batch, dtype, layer)
+    try:
+        results = world.run(job)
+    except WorldFailure as e:
+        res.checks.append(Check("liveness" if e.kind in ("hang", "deadline", "died") else "no-crash", False, str(e)))
+        return res
+    judge(res, results, config, model_dir, layer)
+    return res
+
+
+def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir, layer: int):
+    unit, layout, batch, dtype = res.unit, res.layout, res.batch, res.dtype
+    dt = DTYPES[dtype]
+    res.checks.append(collective_discipline(results, layout))
+    oracle = Oracle(str(model_dir), dtype)
+    if unit == "model":
+        uref = oracle.model(batch, seq_token_ids(batch, config["vocab_size"]))
+    else:
+        seqs = seq_inputs(batch, config["hidden_size"], dt)
+        if unit == "moe":
+            x = torch.cat([s[r.prefix:] for (_, _, r), s in zip(batch.requests_flat(), seqs)]) if seqs else \
+                torch.zeros(0, config["hidden_size"], dtype=dt)
+            uref = oracle.mlp(layer, x)
+            sizes = [r.extend for _, _, r in batch.requests_flat()]   # split rows back into requests
+            uref.router = [(list(p.split(sizes)), list(q.split(sizes))) for p, q in uref.router]
+        elif unit == "attention":
+            uref = oracle.attention(layer, batch, seqs)
+        else:
+            uref = oracle.decoder(layer, batch, seqs)
+    key = "logits" if unit == "model" else "out"
+    ranks = list(range(layout.tp))
+    # exact: each rank returns exactly its DP rank's rows, in the test dtype
+    own = []
+    for r in results:
+        out = r.value.get(key)
+        want = batch.tokens_per_dp()[layout.dp_rank(r.rank)]
+        cols = uref.truth.shape[1]
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (want, cols):
+            own.append(f"rank {r.rank}: returned {_shape(out)}, owes ({want}, {cols}) for its DP rank's tokens")
+        elif out.dtype != dt:
+            own.append(f"rank {r.rank}: dtype {out.dtype}, expected {dt}")
+    res.checks.append(Check("ownership", not own, "; ".join(own)))
+    if own:
+        return
+    sut = torch.cat([r.value[key] for r in results])
+    truth = oracle_rows(uref.truth, batch, layout, ranks)
+    ref = oracle_rows(uref.ref, batch, layout, ranks)
+    top_k = config.get("num_experts_per_tok", 1)
+    ex_global = excused_rows(uref, batch, unit, top_k, dt)
+    excused = oracle_rows(ex_global[:, None].to(torch.float64), batch, layout, ranks)[:, 0].bool()
+    fan_in = layout.tp
+    v = numerics.compare(f"{unit} layer {layer}" if unit != "model" else "model logits", sut, truth, ref, dt,
+                         fan_in=fan_in, excused=excused, labels=row_labels(batch, layout, ranks))
+    res.verdict = v
+    res.checks.append(Check("parity", v.ok, "; ".join(v.reasons)))
+    if unit == "model" and not v.ok:
+        res.first_divergent_layer = first_divergent_layer(results, uref, batch, layout, dt, excused)
+    if unit in ("moe", "decoder") and uref.router:
+        res.checks.append(dispatch_check(results, uref, layout, config, batch, dt, ex_global, top_k))
+    modes = {r.value.get("padding_mode") for r in results}
+    if layout.dp > 1 and modes != {None}:
+        want = padding_mode(batch)
+        ok = modes == {want}
+        res.checks.append(Check("padding-rule", ok, "" if ok else
+                                f"ranks chose padding mode(s) {sorted(map(str, modes))}; the engine rule gives "
+                                f"{want} for modes {batch.forward_modes()} and counts {batch.tokens_per_dp()}"))
+
+
+def _shape(x):
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def dispatch_check(results, uref, layout, config, batch, dt, excused, top_k) -> Check:
+    """Rows dispatched per expert equal the oracle's routing, up to the near-tie rows (B11: padded rows)."""
+    truth_reqs = uref.router[0][0]
+    probs = torch.cat(truth_reqs) if truth_reqs else torch.zeros(0, config["num_experts"])
+    # take the extend rows of each request
+    rows, flat = [], batch.requests_flat()
+    for (_, _, req), p in zip(flat, truth_reqs):
+        rows.append(p[-req.extend:] if req.extend else p[:0])
+    probs = torch.cat(rows) if rows else probs[:0]
+    want = torch.bincount(probs.topk(top_k, dim=1).indices.flatten(), minlength=config["num_experts"])
+    got = torch.zeros_like(want)
+    for r in results:
+        if layout.moe_tp_rank(r.rank) != 0:
+            continue     # every MoE-TP rank of an EP rank dispatches the same rows
+        for e, c in (r.value.get("expert_counts") or {}).items():
+            got[int(e)] += int(c)
+    if not any((r.value.get("expert_counts") or {}) for r in results):
+        return Check("dispatch", True, "target reports no expert counts")
+    slack = int(excused.sum()) * top_k
+    diff = (got - want).abs()
+    ok = int(diff.sum()) <= 2 * slack
+    return Check("dispatch", ok, "" if ok else
+                 f"rows dispatched per expert {got.tolist()} != routing of real tokens {want.tolist()} "
+                 f"(near-tie slack {slack}): {int(got.sum()) - int(want.sum()):+d} rows; padded rows dispatched?")
+
+
+def collective_discipline(results: list[RankResult], layout: Layout) -> Check:
+    """Every member of a group issued the same collectives on it, in the same order, with the same shapes."""
+    problems = mismatches({r.rank: r.records for r in results})
+    return Check("collectives", not problems, "; ".join(problems[:4]))
+
+
+def first_divergent_layer(results, uref: UnitRef, batch, layout, dt, excused) -> int | None:
+    ranks = list(range(layout.tp))
+    for i, (lt, lr) in enumerate(zip(uref.layers_truth, uref.layers_ref)):
+        sut = torch.cat([r.value["layers"][i] for r in results])
+        v = numerics.compare(f"layer {i}", sut, oracle_rows(lt, batch, layout, ranks),
+                             oracle_rows(lr, batch, layout, ranks), dt, fan_in=layout.tp, excused=excused)
+        if not v.ok:
+            return i
+    return None

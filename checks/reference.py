@@ -1,0 +1,156 @@
+"""The single-device oracle: Hugging Face transformers' own Qwen2-MoE / Qwen3-MoE modules, code that no
+engine under test shares. Loaded from the fixture directory (never cast in memory: transformers keeps the
+rotary inv_freq in fp32 on load) in float64 for the truth and in the test dtype for the reference.
+
+Rows are the extend tokens of every request, in global order (DP rank, then request, then position).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+from checks.batches import DTYPES, Batch
+
+
+@dataclass
+class UnitRef:
+    truth: torch.Tensor                      # [rows, cols] float64
+    ref: torch.Tensor                        # [rows, cols] in dtype
+    # per sparse layer: router probabilities of every row (truth, ref), for near-tie detection
+    router: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    layers_truth: list[torch.Tensor] = field(default_factory=list)   # model: per-layer outputs (rows)
+    layers_ref: list[torch.Tensor] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=8)
+def load_model(model_dir: str, dtype: str):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    kw = dict(dtype=DTYPES[dtype], attn_implementation="eager")
+    try:
+        m = AutoModelForCausalLM.from_pretrained(model_dir, experts_implementation="eager", **kw)
+    except TypeError:   # transformers 4.x has no experts_implementation
+        m = AutoModelForCausalLM.from_pretrained(model_dir, **kw)
+    return m.eval()
+
+
+def _causal_mask(n: int, dtype: torch.dtype) -> torch.Tensor:
+    m = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)
+    return m[None, None]
+
+
+class Oracle:
+    def __init__(self, model_dir: str, dtype: str):
+        self.dir, self.dtype_name = str(model_dir), dtype
+        self.dtype = DTYPES[dtype]
+        self.truth_model = load_model(self.dir, "float64")
+        self.ref_model = load_model(self.dir, dtype)
+        self.config = self.truth_model.config
+
+    def _both(self):
+        return ((self.truth_model, torch.float64), (self.ref_model, self.dtype))
+
+    @torch.no_grad()
+    def mlp(self, layer: int, x: torch.Tensor) -> UnitRef:
+        """The layer's MLP block (sparse MoE or dense) on rows x [rows, hidden]."""
+        outs, probs = [], []
+        for model, dt in self._both():
+            block = model.model.layers[layer].mlp
+            with _RouterTap(model) as tap:
+                outs.append(block(x.to(dt)[None]).reshape(x.shape[0], -1))
+            probs.append(tap.probs(layer))
+        return UnitRef(outs[0], outs[1], [tuple(probs)] if probs[0] is not None else [])
+
+    @torch.no_grad()
+    def attention(self, layer: int, batch: Batch, seqs: list[torch.Tensor]) -> UnitRef:
+        return self._per_request(batch, seqs, lambda m, h, pe, mask: m.model.layers[layer].self_attn(
+            hidden_states=h, position_embeddings=pe, attention_mask=mask)[0], layers=[layer])
+
+    @torch.no_grad()
+    def decoder(self, layer: int, batch: Batch, seqs: list[torch.Tensor]) -> UnitRef:
+        return self._per_request(batch, seqs, lambda m, h, pe, mask: m.model.layers[layer](
+            h, attention_mask=mask, position_embeddings=pe), layers=[layer])
+
+    def _per_request(self, batch, seqs, fn, layers) -> UnitRef:
+        res = []
+        for model, dt in self._both():
+            rows, taps = [], []
+            for (_, _, req), h in zip(batch.requests_flat(), seqs):
+                pos = torch.arange(req.total)[None]
+                h = h.to(dt)[None]
+                pe = model.model.rotary_emb(h, pos)
+                with _RouterTap(model) as tap:
+                    out = fn(model, h, pe, _causal_mask(req.total, dt))
+                rows.append(out[0, req.prefix:])
+                taps.append([tap.probs(i, start=req.prefix) for i in layers])
+            res.append((_cat(rows, self.config.hidden_size, dt), taps))
+        router = _merge_router(res[0][1], res[1][1], len(layers))
+        return UnitRef(res[0][0], res[1][0], router)
+
+    @torch.no_grad()
+    def model(self, batch: Batch, token_ids: list[torch.Tensor]) -> UnitRef:
+        """Logits of every extend token, per-layer hidden states, and router probabilities of every token
+        (prefix tokens included: a tie in the prefix changes the cache the extend tokens attend to)."""
+        res = []
+        n_layers = self.config.num_hidden_layers
+        for model, dt in self._both():
+            logits, hidden, taps = [], [[] for _ in range(n_layers)], []
+            for (_, _, req), ids in zip(batch.requests_flat(), token_ids):
+                with _RouterTap(model) as tap:
+                    out = model(input_ids=ids[None], output_hidden_states=True)
+                logits.append(out.logits[0, req.prefix:])
+                for i in range(n_layers):
+                    hidden[i].append(out.hidden_states[i + 1][0, req.prefix:])
+                taps.append([tap.probs(i) for i in range(n_layers)])
+            v = self.config.vocab_size
+            res.append((_cat(logits, v, dt), [_cat(h, self.config.hidden_size, dt) for h in hidden], taps))
+        router = _merge_router(res[0][2], res[1][2], n_layers)
+        return UnitRef(res[0][0], res[1][0], router, res[0][1], res[1][1])
+
+
+def _cat(rows: list[torch.Tensor], cols: int, dt) -> torch.Tensor:
+    return torch.cat(rows) if rows else torch.zeros(0, cols, dtype=dt)
+
+
+def _merge_router(truth_taps, ref_taps, n_layers):
+    """Per layer: ([tokens, experts] truth, ref) over all requests; None entries (dense layers) dropped.
+    Keeps each request's tokens as a list so callers can map ties back to requests."""
+    out = []
+    for i in range(n_layers):
+        t = [req[i] for req in truth_taps]
+        r = [req[i] for req in ref_taps]
+        if t and t[0] is not None:
+            out.append((t, r))
+    return out
+
+
+class _RouterTap:
+    """Captures router logits of every sparse layer during one forward (forward hooks on `mlp.gate`)."""
+
+    def __init__(self, model):
+        self.model, self.handles, self.logits = model, [], {}
+
+    def __enter__(self):
+        for i, layer in enumerate(self.model.model.layers):
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None and hasattr(gate, "top_k"):
+                self.handles.append(gate.register_forward_hook(self._hook(i)))
+        return self
+
+    def _hook(self, i):
+        def hook(mod, inp, out):
+            logits = out[0] if isinstance(out, tuple) else out
+            self.logits[i] = logits.detach().reshape(-1, logits.shape[-1])
+        return hook
+
+    def probs(self, layer: int, start: int = 0):
+        if layer not in self.logits:
+            return None
+        return torch.softmax(self.logits[layer].to(torch.float64), dim=-1)[start:]
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()

@@ -1,0 +1,96 @@
+"""The target protocol: what a system under test implements to be checked by the suite.
+
+A target is any object (named on the command line as `package.module:object`) with:
+
+    name: str
+    units: tuple[str, ...]                       # subset of UNITS
+    def skip_reason(self, unit, config, layout) -> str | None      # optional; None = supported
+    def build(self, unit: str, env: BuildEnv) -> Any               # on every rank, once per layout
+    def run(self, built: Any, step: Step) -> dict[str, torch.Tensor]
+
+`build` gets the fixture's config and full weights (canonical Hugging Face names), the rank's place in the
+layout and its process groups; `run` gets the rank's local inputs plus the batch metadata engines share.
+Outputs (rows = this rank's extend tokens, in request order):
+    "out":    [rows, hidden]   for units moe, attention, decoder
+    "logits": [rows, vocab]    for unit model
+optional: "layers" (list of [rows, hidden] residual stream after each layer, model only: localizes the
+first divergent layer), "expert_counts" ({expert: rows dispatched}, this rank's experts),
+"padding_mode" ("sum_len" | "max_len"). See docs/targets.md.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from checks.batches import Batch, Request
+from checks.topology import Layout
+
+UNITS = ("moe", "attention", "decoder", "model")
+ALIASES = {"spec": "checks.targets.spec:SPEC"}
+
+
+@dataclass
+class Groups:
+    """This rank's process groups (torch.distributed handles) and their ranks."""
+    tp: Any
+    attn_tp: Any
+    moe_tp: Any
+    moe_ep: Any
+    ranks: dict[str, tuple[int, ...]]
+
+
+@dataclass
+class BuildEnv:
+    config: dict
+    weights: dict[str, torch.Tensor]   # full, canonical names, float32 on CPU
+    layout: Layout
+    rank: int
+    groups: Groups
+    dtype: torch.dtype
+    device: torch.device
+    layer: int                          # the layer a single-layer unit is taken from
+
+
+@dataclass
+class Step:
+    """One forward on one rank."""
+    batch: Batch                        # global metadata: requests of every DP rank (shared by engines)
+    rank: int
+    dp_rank: int
+    requests: tuple[Request, ...]       # this DP rank's requests
+    inputs: list[torch.Tensor]          # per local request: hidden [prefix+extend, hidden] or token ids
+                                        # (unit moe: one tensor [extend rows, hidden])
+    unit: str = "model"
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.extend for r in self.requests)
+
+
+def resolve(spec: str | Any) -> Any:
+    """'spec', 'pkg.mod:obj' or an object. A class is instantiated with no arguments."""
+    if not isinstance(spec, str):
+        return spec
+    spec = ALIASES.get(spec, spec)
+    if ":" not in spec:
+        raise ValueError(f"target {spec!r}: expected 'package.module:object' or one of {sorted(ALIASES)}")
+    mod, _, attr = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load target {spec!r}: {e}") from e
+    obj = obj() if isinstance(obj, type) else obj
+    for need in ("name", "units", "build", "run"):
+        if not hasattr(obj, need):
+            raise ValueError(f"target {spec!r} lacks {need!r}: see docs/targets.md")
+    return obj
+
+
+def skip_reason(target: Any, unit: str, config: dict, layout: Layout) -> str | None:
+    if unit not in target.units:
+        return f"target {target.name} does not implement unit {unit!r} (it has {', '.join(target.units)})"
+    fn = getattr(target, "skip_reason", None)
+    return fn(unit, config, layout) if fn else None

@@ -1,0 +1,478 @@
+"""The `spec` target: SGLang's DP-attention / TP / EP algorithm for Qwen2-MoE / Qwen3-MoE, written with
+plain torch.distributed. It is the executable specification the property suite checks, runs on CPU, and
+is the body the bug catalog (checks.mutants) mutates: every step is a small overridable method.
+
+Mirrors (sglang 0.5.x): `layers/dp_attention.py` (_dp_gather_via_all_reduce / _via_all_gather,
+dp_scatter, dp_reduce_scatter_tensor, DpPaddingMode), the layer communicator's
+`_gather_hidden_states_and_residual` / `_scatter_hidden_states`, `models/qwen2_moe.py` and
+`models/qwen3_moe.py` (attention over the attention-TP group, QKVParallelLinear KV replication, the
+sigmoid-gated shared expert, the MoE all-reduce), `layers/moe` (EP: contiguous expert blocks, non-local
+experts masked; MoE TP: intermediate split), `vocab_parallel_embedding.py` and `logits_processor.py`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from checks.batches import MAX_LEN, SUM_LEN, ceil_align, padding_mode
+from checks.targets.protocol import BuildEnv, Step, UNITS
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """As transformers' Qwen RMSNorm: statistics in fp32, scale in the input dtype."""
+    dt = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(dt)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class SpecModel:
+    """The parallel model on one rank. Units use slices of it; mutants override one method each."""
+
+    def __init__(self, env: BuildEnv):
+        c = self.cfg = env.config
+        self.env, self.lay, self.rank, self.g = env, env.layout, env.rank, env.groups
+        self.dt, self.dev = env.dtype, env.device
+        self.H = c["hidden_size"]
+        self.heads, self.kv = c["num_attention_heads"], c.get("num_key_value_heads") or c["num_attention_heads"]
+        self.hd = c.get("head_dim") or self.H // self.heads
+        self.E, self.topk = c.get("num_experts", 0), c.get("num_experts_per_tok", 1)
+        self.eps = c["rms_norm_eps"]
+        self.qk_norm = c.get("model_type") == "qwen3_moe"
+        self.attn_tp_rank, self.dp_rank = self.lay.attn_tp_rank(self.rank), self.lay.dp_rank(self.rank)
+        self.moe_tp_rank, self.ep_rank = self.lay.moe_tp_rank(self.rank), self.lay.moe_ep_rank(self.rank)
+        self.w = env.weights
+        theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
+        self._cache: dict = {}
+
+    # ---------- weights ----------
+    def W(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        """A (slice of a) checkpoint tensor in the compute dtype, cached."""
+        key = (name, rows and (rows.start, rows.stop), cols and (cols.start, cols.stop))
+        if key not in self._cache:
+            t = self.w[name]
+            if rows is not None:
+                t = t[rows]
+            if cols is not None:
+                t = t[:, cols]
+            self._cache[key] = t.to(self.dt).to(self.dev).contiguous()
+        return self._cache[key]
+
+    def has(self, name: str) -> bool:
+        return name in self.w
+
+    @staticmethod
+    def shard(n: int, parts: int, idx: int) -> slice:
+        per = n // parts
+        return slice(idx * per, (idx + 1) * per)
+
+    # ---------- layout rules (mutation points) ----------
+    def is_sparse(self, i: int) -> bool:
+        """transformers' / sglang's rule (decoder_sparse_step, mlp_only_layers)."""
+        c = self.cfg
+        return (i not in (c.get("mlp_only_layers") or [])) and self.E > 0 and \
+            (i + 1) % (c.get("decoder_sparse_step") or 1) == 0
+
+    def padding_mode(self, step: Step) -> str:
+        return padding_mode(step.batch)
+
+    def kv_head_range(self) -> range:
+        """QKVParallelLinear: split KV heads over attention TP, or replicate them when there are fewer."""
+        a, r = self.lay.attn_tp, self.attn_tp_rank
+        if self.kv >= a:
+            per = self.kv // a
+            return range(r * per, (r + 1) * per)
+        return range(r // (a // self.kv), r // (a // self.kv) + 1)
+
+    def local_experts(self) -> range:
+        return self.lay.local_experts(self.rank, self.E)
+
+    def dp_offset(self, counts: list[int]) -> int:
+        """Start of this DP rank's rows in the SUM_LEN buffer (sglang get_dp_local_info: global DP rank)."""
+        return sum(counts[: self.dp_rank])
+
+    def folds_residual(self) -> bool:
+        """Only attention-TP rank 0 adds the residual before the partial gather (the sum adds the rest)."""
+        return self.attn_tp_rank == 0
+
+    # ---------- attention over the attention-TP group ----------
+    def qkv(self, i: int, x: torch.Tensor, pos: torch.Tensor):
+        p = f"model.layers.{i}.self_attn."
+        qh = self.shard(self.heads, self.lay.attn_tp, self.attn_tp_rank)
+        qs = slice(qh.start * self.hd, qh.stop * self.hd)
+        kr = self.kv_head_range()
+        ks = slice(kr.start * self.hd, kr.stop * self.hd)
+        q = F.linear(x, self.W(p + "q_proj.weight", qs), self.W(p + "q_proj.bias", qs) if self.has(p + "q_proj.bias") else None)
+        k = F.linear(x, self.W(p + "k_proj.weight", ks), self.W(p + "k_proj.bias", ks) if self.has(p + "k_proj.bias") else None)
+        v = F.linear(x, self.W(p + "v_proj.weight", ks), self.W(p + "v_proj.bias", ks) if self.has(p + "v_proj.bias") else None)
+        q, k, v = (t.view(t.shape[0], -1, self.hd) for t in (q, k, v))
+        q, k = self.qk_norm_and_rope(i, q, k, pos)
+        return q, k, v
+
+    def qk_norm_and_rope(self, i, q, k, pos):
+        """Qwen3: RMSNorm over head_dim before RoPE."""
+        if self.qk_norm:
+            p = f"model.layers.{i}.self_attn."
+            q = rms_norm(q, self.W(p + "q_norm.weight"), self.eps)
+            k = rms_norm(k, self.W(p + "k_norm.weight"), self.eps)
+        return self.rope(q, pos), self.rope(k, pos)
+
+    def rope(self, x, pos):
+        freqs = pos[:, None].float() * self.inv_freq[None]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype)[:, None], emb.sin().to(x.dtype)[:, None]
+        return x * cos + rotate_half(x) * sin
+
+    def attention(self, i: int, step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
+        """xs: per local request, normed hidden of prefix + extend rows. Returns this rank's o_proj partial
+        [extend rows, hidden] (not reduced: under DP attention the DP gather sums it)."""
+        outs = []
+        for req, x in zip(step.requests, xs):
+            q, k, v = self.qkv(i, x, torch.arange(req.total, device=x.device))
+            outs.append(self.attend(q[req.prefix:], k, v, req.prefix))
+        qh = self.shard(self.heads, self.lay.attn_tp, self.attn_tp_rank)
+        o = torch.cat(outs) if outs else torch.zeros(0, qh.stop - qh.start, self.hd, dtype=self.dt, device=self.dev)
+        o = o.reshape(o.shape[0], (qh.stop - qh.start) * self.hd)
+        cols = slice(qh.start * self.hd, qh.stop * self.hd)
+        return F.linear(o, self.W(f"model.layers.{i}.self_attn.o_proj.weight", cols=cols))
+
+    def attend(self, q, k, v, prefix: int):
+        """Eager causal attention with GQA, as transformers computes it (softmax in fp32)."""
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        s = torch.einsum("qhd,khd->hqk", q, k) * self.hd ** -0.5
+        nq, nk = q.shape[0], k.shape[0]
+        mask = torch.arange(nk)[None, :] > (torch.arange(nq)[:, None] + prefix)
+        s = s.masked_fill(mask[None].to(s.device), torch.finfo(s.dtype).min)
+        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.einsum("hqk,khd->qhd", p, v)
+
+    # ---------- DP gather / scatter ----------
+    def gather(self, local: torch.Tensor, step: Step, mode: str, partial: bool) -> torch.Tensor:
+        """All DP groups' rows into one buffer on every rank (sglang _dp_gather). `partial`: each
+        attention-TP rank holds a partial sum (dp_gather_partial); else only rank 0 writes (replicate)."""
+        counts = step.batch.tokens_per_dp()
+        if mode == SUM_LEN:
+            buf = self.global_buffer(sum(counts), local)
+            buf.zero_()
+            if local.shape[0] and (partial or self.attn_tp_rank == 0):
+                off = self.dp_offset(counts)
+                buf[off: off + local.shape[0]] = local
+            dist.all_reduce(buf, group=self.g.tp)
+            return buf
+        L = self.max_len(counts)
+        pad = torch.zeros(L, self.H, dtype=local.dtype, device=local.device)
+        pad[: local.shape[0]] = local
+        buf = self.global_buffer(L * self.lay.dp, local)
+        if self.lay.attn_tp == 1:
+            dist.all_gather_into_tensor(buf, pad, group=self.g.tp)
+            return buf
+        if not partial and self.attn_tp_rank != 0:
+            pad.zero_()
+        piece = torch.empty(L // self.lay.attn_tp, self.H, dtype=local.dtype, device=local.device)
+        dist.reduce_scatter_tensor(piece, pad, group=self.g.attn_tp)
+        dist.all_gather_into_tensor(buf, piece, group=self.g.tp)
+        return buf
+
+    def max_len(self, counts: list[int]) -> int:
+        """MAX_LEN slot: the largest count, aligned to attention TP for the reduce-scatter (bug B04)."""
+        return ceil_align(max(counts), self.lay.attn_tp)
+
+    def global_buffer(self, rows: int, like: torch.Tensor) -> torch.Tensor:
+        """One persistent buffer reused across layers, as sglang's _DpGatheredBufferWrapper (B13)."""
+        buf = self._cache.get("global_buf")
+        if buf is None or buf.shape[0] < rows or buf.dtype != like.dtype:
+            buf = torch.empty(max(rows, 1), self.H, dtype=like.dtype, device=like.device)
+            self._cache["global_buf"] = buf
+        return buf[:rows]
+
+    def slot(self, step: Step, mode: str) -> tuple[int, int]:
+        counts = step.batch.tokens_per_dp()
+        n = counts[self.dp_rank]
+        if mode == SUM_LEN:
+            return self.dp_offset(counts), n
+        return self.dp_rank * self.max_len(counts), n
+
+    def scatter(self, buf: torch.Tensor, step: Step, mode: str) -> torch.Tensor:
+        """sglang dp_scatter: copy this DP group's rows out of the global buffer (never a view, B13)."""
+        off, n = self.slot(step, mode)
+        return buf[off: off + n].clone()
+
+    def reduce_and_scatter(self, y: torch.Tensor, step: Step, mode: str) -> torch.Tensor:
+        """After the MoE: SUM_LEN all-reduces then scatters; MAX_LEN reduce-scatters over TP and
+        all-gathers inside the attention-TP group (sglang dp_reduce_scatter_tensor + communicator)."""
+        if mode == SUM_LEN:
+            dist.all_reduce(y, group=self.g.tp)
+            return self.scatter(y, step, mode)
+        L = self.max_len(step.batch.tokens_per_dp())
+        piece = torch.empty(L // self.lay.attn_tp, self.H, dtype=y.dtype, device=y.device)
+        dist.reduce_scatter_tensor(piece, y.contiguous(), group=self.g.tp)
+        if self.lay.attn_tp > 1:
+            full = torch.empty(L, self.H, dtype=y.dtype, device=y.device)
+            dist.all_gather_into_tensor(full, piece, group=self.g.attn_tp)
+            piece = full
+        return piece[: step.num_tokens].clone()
+
+    # ---------- MLPs ----------
+    def dense_mlp(self, i: int, x: torch.Tensor, prefix: str, inter: int, parts: int, idx: int):
+        s = self.shard(inter, parts, idx)
+        gate = F.linear(x, self.W(prefix + "gate_proj.weight", s))
+        up = F.linear(x, self.W(prefix + "up_proj.weight", s))
+        return F.linear(F.silu(gate) * up, self.W(prefix + "down_proj.weight", cols=s))
+
+    def route(self, i: int, x: torch.Tensor):
+        """Replicated router: softmax in fp32, top-k, optional renormalisation (transformers' router)."""
+        logits = F.linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        w, ids = torch.topk(probs, self.topk, dim=-1)
+        if self.cfg.get("norm_topk_prob"):
+            w = w / w.sum(-1, keepdim=True)
+        return w.to(x.dtype), ids
+
+    def shared_expert(self, i: int, x: torch.Tensor) -> torch.Tensor | None:
+        """Qwen2's shared expert, TP-sharded over the whole TP group, times sigmoid(gate(x))."""
+        inter = self.cfg.get("shared_expert_intermediate_size") or 0
+        if not inter:
+            return None
+        p = f"model.layers.{i}.mlp."
+        y = self.dense_mlp(i, x, p + "shared_expert.", inter, self.lay.tp, self.rank)
+        return torch.sigmoid(F.linear(x, self.W(p + "shared_expert_gate.weight"))) * y
+
+    def moe(self, i: int, x: torch.Tensor, n_real: int, counts: dict):
+        """This rank's partial of the MoE block on all gathered rows; rows >= n_real are padding and are
+        not dispatched (num_token_non_padded, B11)."""
+        shared = self.shared_expert(i, x)
+        w, ids = self.route(i, x)
+        ids = self.mask_padding(ids, n_real)
+        out = self.routed_experts(i, x, w, ids, counts)
+        return self.combine(out, shared)
+
+    def mask_padding(self, ids, n_real):
+        ids = ids.clone()
+        ids[n_real:] = -1
+        return ids
+
+    def routed_experts(self, i, x, w, ids, counts):
+        p = f"model.layers.{i}.mlp.experts."
+        inter = self.cfg["moe_intermediate_size"]
+        out = torch.zeros_like(x)
+        for e in self.local_experts():
+            rows, slot = torch.where(ids == e)
+            counts[e] = counts.get(e, 0) + int(rows.numel())
+            if rows.numel() == 0:
+                continue
+            y = self.dense_mlp(i, x[rows], f"{p}{e}.", inter, self.lay.moe_tp, self.moe_tp_rank)
+            out.index_add_(0, rows, (y * w[rows, slot, None]).to(out.dtype))
+        return out
+
+    def combine(self, routed, shared):
+        return routed if shared is None else routed + shared
+
+    def mlp(self, i: int, x: torch.Tensor, n_real: int, counts: dict) -> torch.Tensor:
+        if self.is_sparse(i):
+            return self.moe(i, x, n_real, counts)
+        return self.dense_mlp(i, x, f"model.layers.{i}.mlp.", self.cfg["intermediate_size"], self.lay.tp, self.rank)
+
+    def mlp_on_buffer(self, i, x, step, mode, counts):
+        if mode == SUM_LEN:
+            return self.mlp(i, x, x.shape[0], counts)
+        return self.mlp_padded(i, x, step, counts)
+
+    def mlp_block(self, i: int, x_local: torch.Tensor, step: Step, mode: str | None, counts: dict):
+        """The MLP as a unit: gather (replicate) -> MLP -> reduce -> scatter; dp == 1: all-reduce only."""
+        if self.lay.dp == 1:
+            return self.mlp_all_reduce(i, self.mlp(i, x_local, x_local.shape[0], counts))
+        buf = self.gather(x_local, step, mode, partial=False)
+        return self.reduce_and_scatter(self.mlp_on_buffer(i, buf, step, mode, counts), step, mode)
+
+    def mlp_padded(self, i, buf, step, counts):
+        """MAX_LEN buffer: DP slots of L rows, each padded past its count; pad rows are not dispatched."""
+        counts_dp = step.batch.tokens_per_dp()
+        L = self.max_len(counts_dp)
+        order = torch.cat([torch.arange(d * L, d * L + c) for d, c in enumerate(counts_dp)] +
+                          [torch.arange(d * L + c, (d + 1) * L) for d, c in enumerate(counts_dp)])
+        y = torch.zeros_like(buf)
+        n_real = sum(counts_dp)
+        y[order] = self.mlp(i, buf[order], n_real, counts)
+        return y
+
+    def mlp_all_reduce(self, i: int, y: torch.Tensor) -> torch.Tensor:
+        if self.lay.tp > 1:
+            dist.all_reduce(y, group=self.g.tp)
+        return y
+
+    # ---------- decoder layer ----------
+    def layer(self, i: int, step: Step, hidden: torch.Tensor, residual: torch.Tensor | None,
+              kv_inputs: list[torch.Tensor], counts: dict):
+        """One decoder layer on this rank's extend rows. kv_inputs: per request, the normed hidden of the
+        prefix rows (their K/V, as a KV cache would hold them). Returns (hidden, residual) with the
+        residual add deferred, as sglang's fused add-RMSNorm does."""
+        p = f"model.layers.{i}."
+        if residual is None:
+            residual, hidden = hidden, rms_norm(hidden, self.W(p + "input_layernorm.weight"), self.eps)
+        else:
+            residual = hidden + residual
+            hidden = rms_norm(residual, self.W(p + "input_layernorm.weight"), self.eps)
+        xs, start = [], 0
+        for req, pre in zip(step.requests, kv_inputs):
+            xs.append(torch.cat([pre, hidden[start: start + req.extend]]))
+            start += req.extend
+        attn = self.attention(i, step, xs)
+        mode = self.padding_mode(step)
+        post_w = self.W(p + "post_attention_layernorm.weight")
+        if self.lay.dp == 1:
+            if self.lay.tp > 1:
+                dist.all_reduce(attn, group=self.g.tp)
+            residual = attn + residual
+            y = self.mlp(i, rms_norm(residual, post_w, self.eps), residual.shape[0], counts)
+            return self.mlp_all_reduce(i, y), residual
+        local = attn + residual if self.folds_residual() else attn
+        buf = self.gather(local, step, mode, partial=True)
+        residual = self.scatter(buf, step, mode)
+        y = self.mlp_on_buffer(i, rms_norm(buf, post_w, self.eps), step, mode, counts)
+        return self.reduce_and_scatter(y, step, mode), residual
+
+    # ---------- embedding and lm_head ----------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Replicated under DP attention (sglang: VocabParallelEmbedding(enable_tp=not dp_attention));
+        vocab-parallel over TP with an all-reduce otherwise."""
+        w = self.W("model.embed_tokens.weight")
+        if self.lay.dp > 1 or self.lay.tp == 1:
+            return F.embedding(ids, w)
+        V = w.shape[0]
+        s = self.shard(V, self.lay.tp, self.rank)
+        local = ids - s.start
+        inside = (local >= 0) & (local < s.stop - s.start)
+        out = F.embedding(torch.where(inside, local, 0), w[s]) * inside[:, None].to(w.dtype)
+        dist.all_reduce(out, group=self.g.tp)
+        return out
+
+    def lm_head(self, h: torch.Tensor, step: Step) -> torch.Tensor:
+        """Vocab-parallel lm_head. DP attention without dp-lm-head: gather every DP group's rows, shard the
+        vocab over TP, all-gather the vocab, scatter back (sglang LogitsProcessor). dp-lm-head: the vocab
+        is sharded over the attention-TP group and gathered there."""
+        V = self.cfg["vocab_size"]
+        if self.lay.dp_lm_head:
+            return self.vocab_parallel(h, self.lay.attn_tp, self.attn_tp_rank, self.g.attn_tp)
+        if self.lay.dp == 1:
+            return self.vocab_parallel(h, self.lay.tp, self.rank, self.g.tp)
+        mode = SUM_LEN   # logits gather always sums (sglang dp_gather_replicate in the logits processor)
+        buf = self.gather(h, step, mode, partial=False)
+        logits = self.vocab_parallel(buf.clone(), self.lay.tp, self.rank, self.g.tp)
+        off, n = self.slot(step, mode)
+        assert logits.shape[1] == V
+        return logits[off: off + n].clone()
+
+    def vocab_parallel(self, h, parts, idx, group):
+        W = self.W("lm_head.weight", self.shard(self.cfg["vocab_size"], parts, idx))
+        part = F.linear(h, W)
+        if parts == 1:
+            return part
+        rows, cols = part.shape
+        out = torch.empty(parts * rows, cols, dtype=part.dtype, device=part.device)
+        dist.all_gather_into_tensor(out, part.contiguous(), group=group)
+        return out.view(parts, rows, cols).permute(1, 0, 2).reshape(rows, parts * cols)
+
+    # ---------- the whole model ----------
+    def forward_model(self, step: Step, caches: list | None, counts: dict) -> tuple[torch.Tensor, list, list]:
+        """One forward over this rank's extend tokens. caches[layer][request] holds the normed hidden of
+        prefix rows (input to K/V); filled by this forward for the next. Returns (logits, layers, caches)."""
+        ids = torch.cat([t[r.prefix:] for r, t in zip(step.requests, step.inputs)]) if step.requests else \
+            torch.zeros(0, dtype=torch.long)
+        hidden, residual = self.embed(ids.to(self.dev)), None
+        n = self.cfg["num_hidden_layers"]
+        new_caches, layers = [], []
+        for i in range(n):
+            pre = caches[i] if caches else [torch.zeros(0, self.H, dtype=self.dt, device=self.dev)
+                                            for _ in step.requests]
+            normed = self._normed_input(i, hidden, residual)
+            hidden, residual = self.layer(i, step, hidden, residual, pre, counts)
+            start, c = 0, []
+            for req, p in zip(step.requests, pre):
+                c.append(torch.cat([p, normed[start: start + req.extend]]))
+                start += req.extend
+            new_caches.append(c)
+            layers.append(hidden + residual)
+        final = rms_norm(hidden + residual, self.W("model.norm.weight"), self.eps)
+        return self.lm_head(final, step), layers, new_caches
+
+    def _normed_input(self, i, hidden, residual):
+        x = hidden if residual is None else hidden + residual
+        return rms_norm(x, self.W(f"model.layers.{i}.input_layernorm.weight"), self.eps)
+
+
+class SpecTarget:
+    """The protocol object for SpecModel (and its mutants: set `model_class`)."""
+    name = "spec"
+    units = UNITS
+    model_class = SpecModel
+
+    def build(self, unit: str, env: BuildEnv):
+        return self.model_class(env)
+
+    def run(self, m: SpecModel, step: Step) -> dict:
+        unit = step.unit
+        i = m.env.layer
+        counts: dict = {}
+        out: dict = {"padding_mode": m.padding_mode(step) if m.lay.dp > 1 else None}
+        with torch.no_grad():
+            if unit == "moe":
+                x = step.inputs[0].to(m.dt).to(m.dev)
+                out["out"] = m.mlp_block(i, x, step, m.padding_mode(step), counts)
+            elif unit == "attention":
+                xs = [t.to(m.dt).to(m.dev) for t in step.inputs]
+                y = m.attention(i, step, xs)
+                if m.lay.attn_tp > 1:
+                    dist.all_reduce(y, group=m.g.attn_tp)   # standalone attention: o_proj reduces its group
+                out["out"] = y
+            elif unit == "decoder":
+                xs = [t.to(m.dt).to(m.dev) for t in step.inputs]
+                pre = [rms_norm(x[: r.prefix], m.W(f"model.layers.{i}.input_layernorm.weight"), m.eps)
+                       for r, x in zip(step.requests, xs)]
+                h = torch.cat([x[r.prefix:] for r, x in zip(step.requests, xs)]) if xs else \
+                    torch.zeros(0, m.H, dtype=m.dt, device=m.dev)
+                y, res = m.layer(i, step, h, None, pre, counts)
+                out["out"] = y + res
+            elif unit == "model":
+                out.update(run_model(m, step))
+                counts = out.pop("counts")
+        out["expert_counts"] = counts
+        return {k: _cpu(v) for k, v in out.items()}
+
+
+def run_model(m: SpecModel, step: Step) -> dict:
+    """Prefix forward (fills the KV cache; ranks without prefix are idle in it), then the extend forward."""
+    from checks.batches import Batch, Request
+    caches = None
+    prefix_batch = Batch(tuple(tuple(Request(0, r.prefix) for r in reqs if r.prefix) for reqs in step.batch.per_dp),
+                         step.batch.seed)
+    if not prefix_batch.nobody_runs:
+        reqs = [r for r in step.requests if r.prefix]
+        pstep = Step(prefix_batch, step.rank, step.dp_rank, tuple(Request(0, r.prefix) for r in reqs),
+                     [t[: r.prefix] for r, t in zip(step.requests, step.inputs) if r.prefix])
+        _, _, pc = m.forward_model(pstep, None, {})
+        it = iter(zip(*pc)) if pc and pc[0] else iter(())
+        per_req = {j: next(it) for j, r in enumerate(step.requests) if r.prefix}
+        caches = [[per_req[j][i] if j in per_req else torch.zeros(0, m.H, dtype=m.dt, device=m.dev)
+                   for j in range(len(step.requests))] for i in range(m.cfg["num_hidden_layers"])]
+    counts: dict = {}
+    logits, layers, _ = m.forward_model(step, caches, counts)
+    return {"logits": logits, "layers": layers, "counts": counts}
+
+
+def _cpu(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().cpu()
+    if isinstance(v, list):
+        return [_cpu(x) for x in v]
+    return v
+
+
+SPEC = SpecTarget()

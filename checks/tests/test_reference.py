@@ -1,0 +1,201 @@
+"""The oracle is transformers: its rows equal Hugging Face's own model and modules run directly."""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+
+from checks.batches import Batch, Request, seq_inputs, seq_token_ids
+from checks.reference import Oracle
+from fixtures.build import fixture_path
+from fixtures.specs import FIXTURES, sparse_layers
+
+# three DP ranks: an extend request and a request with a cached prefix, an idle rank, a 2+4 request
+BATCH = Batch(((Request(0, 5), Request(3, 1)), (), (Request(2, 4),)), seed=11)
+
+
+@functools.lru_cache(maxsize=None)
+def oracle(name: str) -> Oracle:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Oracle(fixture_path(name), "float32")
+
+
+@functools.lru_cache(maxsize=None)
+def hf_model(name: str, dtype: torch.dtype):
+    """A fresh transformers load, independent of the oracle's cache, with the eager kernels."""
+    from transformers import AutoModelForCausalLM
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kw = dict(dtype=dtype, attn_implementation="eager")
+        try:
+            m = AutoModelForCausalLM.from_pretrained(str(fixture_path(name)), experts_implementation="eager", **kw)
+        except TypeError:
+            m = AutoModelForCausalLM.from_pretrained(str(fixture_path(name)), **kw)
+    return m.eval()
+
+
+def extend_rows(batch: Batch, per_request: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t[r.prefix:] for (_, _, r), t in zip(batch.requests_flat(), per_request)])
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+@torch.no_grad()
+def test_model_logits_are_transformers_logits(name):
+    o = oracle(name)
+    ids = seq_token_ids(BATCH, o.config.vocab_size)
+    u = o.model(BATCH, ids)
+    rows = sum(r.extend for _, _, r in BATCH.requests_flat())
+    assert u.truth.shape == u.ref.shape == (rows, o.config.vocab_size)
+    assert (u.truth.dtype, u.ref.dtype) == (torch.float64, torch.float32)
+    for dt, got in ((torch.float32, u.ref), (torch.float64, u.truth)):
+        m = hf_model(name, dt)
+        want = extend_rows(BATCH, [m(input_ids=t[None]).logits[0] for t in ids])
+        assert torch.equal(got, want), (name, dt, rel(got, want))
+    # one device in float32 is ~1e-7 from the float64 truth: the oracle's dtypes are what they claim
+    assert 0 < rel(u.ref, u.truth) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["qwen2-moe-shared", "qwen3-moe-dense"])
+@torch.no_grad()
+def test_units_equal_the_hf_modules_run_directly(name):
+    o = oracle(name)
+    H = o.config.hidden_size
+    for layer_i in range(o.config.num_hidden_layers):
+        seqs = seq_inputs(BATCH, H, torch.float64)
+        ua, ud = o.attention(layer_i, BATCH, seqs), o.decoder(layer_i, BATCH, seqs)
+        for dt, a_got, d_got in ((torch.float64, ua.truth, ud.truth), (torch.float32, ua.ref, ud.ref)):
+            layer = hf_model(name, dt).model.layers[layer_i]
+            rotary = hf_model(name, dt).model.rotary_emb
+            a_want, d_want, mlp_in = [], [], []
+            hook = layer.mlp.register_forward_pre_hook(lambda mod, args: mlp_in.append(args[0][0]))
+            try:
+                for (_, _, r), h in zip(BATCH.requests_flat(), seqs):
+                    h = h.to(dt)[None]
+                    pe = rotary(h, torch.arange(r.total)[None])
+                    mask = torch.full((r.total, r.total), torch.finfo(dt).min, dtype=dt).triu(1)[None, None]
+                    a_want.append(layer.self_attn(hidden_states=h, position_embeddings=pe, attention_mask=mask)[0][0])
+                    d_want.append(layer(h, attention_mask=mask, position_embeddings=pe)[0])
+            finally:
+                hook.remove()
+            assert torch.equal(a_got, extend_rows(BATCH, a_want)), (name, layer_i, dt)
+            assert torch.equal(d_got, extend_rows(BATCH, d_want)), (name, layer_i, dt)
+            assert ua.router == []
+            sparse = sparse_layers(o.config)[layer_i]
+            assert len(ud.router) == int(sparse)
+            if sparse:     # the decoder's router rows are the extend tokens' (the prefix is not output)
+                probs = ud.router[0][0 if dt == torch.float64 else 1]
+                gate = layer.mlp.gate.weight
+                for p, x, (_, _, r) in zip(probs, mlp_in, BATCH.requests_flat()):
+                    want = torch.softmax((x @ gate.T).double(), -1)[r.prefix:]
+                    assert p.shape == (r.extend, o.config.num_experts)
+                    assert torch.allclose(p, want, rtol=0, atol=1e-6 if dt == torch.float32 else 1e-14)
+            x = torch.cat([s for s in seqs]).to(dt)
+            um = o.mlp(layer_i, x)
+            m_got = um.truth if dt == torch.float64 else um.ref
+            assert torch.equal(m_got, layer.mlp(x[None])[0])
+        assert 0 < rel(ud.ref, ud.truth) < 1e-5
+
+
+def decoder_stack(name: str, dt: torch.dtype, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Every decoder layer's output for one request, running transformers' layers one by one."""
+    m = hf_model(name, dt)
+    n = ids.shape[0]
+    x = m.model.embed_tokens(ids[None])
+    pe = m.model.rotary_emb(x, torch.arange(n)[None])
+    mask = torch.full((n, n), torch.finfo(dt).min, dtype=dt).triu(1)[None, None]
+    out = []
+    for layer in m.model.layers:
+        x = layer(x, attention_mask=mask, position_embeddings=pe)
+        out.append(x[0])
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen2-moe-shared", "qwen3-moe-dense"])
+@torch.no_grad()
+def test_per_layer_outputs_are_decoder_outputs(name):
+    o = oracle(name)
+    ids = seq_token_ids(BATCH, o.config.vocab_size)
+    u = o.model(BATCH, ids)
+    n = o.config.num_hidden_layers
+    assert len(u.layers_truth) == len(u.layers_ref) == n
+    stacks = [decoder_stack(name, torch.float64, t) for t in ids]
+    for i in range(n - 1):
+        want = extend_rows(BATCH, [s[i] for s in stacks])
+        assert torch.allclose(u.layers_truth[i], want, rtol=0, atol=1e-12), i
+        assert 0 < rel(u.layers_ref[i], want) < 1e-5
+
+
+@pytest.mark.xfail(strict=True, reason="library bug: transformers' hidden_states[-1] is after the final norm, "
+                   "so Oracle.model's last per-layer output is norm(layer output) while the spec target "
+                   "reports the raw decoder output (checks/targets/spec.py) and parity.first_divergent_layer "
+                   "compares the two")
+@torch.no_grad()
+def test_last_layer_output_is_the_decoder_output():
+    name = "qwen3-moe"
+    o = oracle(name)
+    ids = seq_token_ids(BATCH, o.config.vocab_size)
+    u = o.model(BATCH, ids)
+    want = extend_rows(BATCH, [decoder_stack(name, torch.float64, t)[-1] for t in ids])
+    assert torch.allclose(u.layers_truth[-1], want, rtol=0, atol=1e-12)
+
+
+@torch.no_grad()
+def test_attention_is_causal_and_prefix_aware():
+    """A request's extend rows depend on its prefix and not on later tokens or other requests."""
+    o = oracle("qwen3-moe")
+    H = o.config.hidden_size
+    one = Batch(((Request(4, 3),),), seed=5)
+    seqs = seq_inputs(one, H, torch.float64)
+    base = o.attention(0, one, seqs).truth
+    later = [seqs[0].clone()]
+    later[0][-1] += 1.0                                           # change the last token only
+    out = o.attention(0, one, later).truth
+    assert torch.equal(out[:2], base[:2]) and not torch.equal(out[2], base[2])
+    earlier = [seqs[0].clone()]
+    earlier[0][0] += 1.0                                          # change a prefix token
+    assert not torch.equal(o.attention(0, one, earlier).truth[0], base[0])
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe-dense", "qwen2-moe-shared"])
+@torch.no_grad()
+def test_router_probabilities_for_sparse_layers_only(name):
+    o = oracle(name)
+    sparse = sparse_layers(o.config)
+    ids = seq_token_ids(BATCH, o.config.vocab_size)
+    u = o.model(BATCH, ids)
+    assert len(u.router) == sum(sparse)
+    # independently: softmax of the router weights applied to each sparse layer's MLP input
+    m = hf_model(name, torch.float64)
+    inputs: dict[int, list[torch.Tensor]] = {}
+    hooks = [m.model.layers[i].mlp.register_forward_pre_hook(
+        lambda mod, args, i=i: inputs.setdefault(i, []).append(args[0][0])) for i in range(len(sparse))]
+    try:
+        for t in ids:
+            m(input_ids=t[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    sparse_ids = [i for i, s in enumerate(sparse) if s]
+    for (truth, ref), i in zip(u.router, sparse_ids):
+        gate = m.model.layers[i].mlp.gate.weight
+        assert len(truth) == len(ref) == len(BATCH.requests_flat())
+        for p, p_ref, x, (_, _, r) in zip(truth, ref, inputs[i], BATCH.requests_flat()):
+            assert p.shape == p_ref.shape == (r.total, o.config.num_experts)    # prefix tokens included
+            assert torch.allclose(p, torch.softmax(x @ gate.T, -1), rtol=0, atol=1e-14)
+            assert torch.allclose(p.sum(-1), torch.ones(r.total, dtype=torch.float64))
+            assert 0 < (p_ref - p).abs().max() < 1e-5
+    # unit calls: a dense layer's MLP and attention return no router, a sparse layer's MLP one
+    x = torch.randn(6, o.config.hidden_size, dtype=torch.float64)
+    for i, s in enumerate(sparse):
+        um = o.mlp(i, x)
+        assert len(um.router) == int(s)
+        if s:
+            assert um.router[0][0].shape == (6, o.config.num_experts)
+    assert o.attention(1, BATCH, seq_inputs(BATCH, o.config.hidden_size, torch.float64)).router == []

@@ -1,0 +1,123 @@
+"""Multi-rank execution: reuse, speed, and hangs / errors / deadlines that are diagnosed and leave nothing."""
+from __future__ import annotations
+
+import inspect
+import os
+import time
+
+import pytest
+
+from checks.tests.jobs import RaiseOnRank, ShapeMismatch, SkipOnRank, Sleep, SumRanks
+from checks.tests.jobs_extra import PidAndSum
+from checks.world import World, WorldFailure
+
+
+def running(pid: int) -> bool:
+    """True while `pid` is a live (not zombie) child of this process: a pid reused by someone else is not
+    ours, and a zombie has exited."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    state, ppid = fields[0], int(fields[1])
+    return ppid == os.getpid() and state not in ("Z", "X")
+
+
+def line_of(job_cls, text: str) -> str:
+    """`file:line` of the first source line of job_cls.__call__ containing `text`."""
+    src, start = inspect.getsourcelines(job_cls.__call__)
+    n = next(i for i, line in enumerate(src) if text in line)
+    return f"{os.path.basename(inspect.getsourcefile(job_cls))}:{start + n}"
+
+
+@pytest.fixture(scope="module")
+def world():
+    w = World(2, deadline_s=60)
+    yield w.start()
+    w.close()
+    assert not any(running(p) for p in w.pids())
+
+
+def test_world2_sums_ranks(world):
+    res = world.run(SumRanks())
+    assert [r.rank for r in res] == [0, 1]
+    assert [r.value for r in res] == [1.0, 1.0]
+    # one all_reduce on the world group recorded per rank
+    assert [[(x.op, x.group) for x in r.records] for r in res] == [[("all_reduce", (0, 1))]] * 2
+
+
+def test_world4_sums_ranks():
+    with World(4, deadline_s=60) as w:
+        pids = w.pids()
+        assert len(set(pids)) == 4 and all(running(p) for p in pids)
+        res = w.run(PidAndSum())
+        assert [r.value for r in res] == [(pids[r], r, 6.0) for r in range(4)]
+    assert not any(running(p) for p in pids)
+
+
+def test_world_is_reused_and_cheap(world):
+    pids, starts = world.pids(), world.starts
+    world.run(SumRanks())                      # warm
+    t0 = time.perf_counter()
+    for _ in range(20):
+        res = world.run(PidAndSum())
+        assert [r.value for r in res] == [(pids[0], 0, 1.0), (pids[1], 1, 1.0)]
+    per_job = (time.perf_counter() - t0) / 20
+    assert world.starts == starts and world.pids() == pids
+    assert per_job < 0.05, f"{per_job * 1e3:.1f} ms per job"
+
+
+def test_skipped_collective_is_a_hang_named_and_cleaned_up(world):
+    world.run(SumRanks())
+    pids, starts = world.pids(), world.starts
+    t0 = time.perf_counter()
+    with pytest.raises(WorldFailure) as e:
+        world.run(SkipOnRank(1))
+    assert time.perf_counter() - t0 < 10
+    msg = str(e.value)
+    assert e.value.kind == "hang", msg
+    assert "rank 1" in msg and "skipped" in msg and "all_reduce" in msg
+    assert line_of(SkipOnRank, "dist.all_reduce") in msg          # the call site where rank 0 waits
+    assert "rank 0: blocked in" in msg                           # where everyone is
+    assert [r.op for r in e.value.records[0]] == ["all_reduce"] and e.value.records[1] == []
+    assert not any(running(p) for p in pids)
+    assert not world.alive
+    # the same World object restarts on next use
+    assert [r.value for r in world.run(SumRanks())] == [1.0, 1.0]
+    assert world.starts == starts + 1 and set(world.pids()).isdisjoint(pids)
+
+
+def test_rank_error_returns_the_traceback_with_the_rank(world):
+    pids = world.start().pids()
+    with pytest.raises(WorldFailure) as e:
+        world.run(RaiseOnRank(1))
+    msg = str(e.value)
+    assert e.value.kind == "rank-error", msg
+    assert "--- rank 1 raised:" in msg and "--- rank 0 raised" not in msg
+    assert "Traceback (most recent call last)" in msg and "ValueError: boom on rank 1" in msg
+    assert line_of(RaiseOnRank, "raise ValueError").split(":")[1] in msg.split("rank 1 raised:")[1]
+    assert not any(running(p) for p in pids)
+
+
+def test_shape_mismatch_names_both_shapes(world):
+    pids = world.start().pids()
+    with pytest.raises(WorldFailure) as e:
+        world.run(ShapeMismatch())
+    msg = str(e.value)
+    # rank 0 gathers 3 elements into 2 * 3, rank 1 gathers 2 into 2 * 2
+    assert "all_gather_into_tensor" in msg
+    assert "shapes=[(6,), (3,)]" in msg and "shapes=[(4,), (2,)]" in msg, msg
+    assert not any(running(p) for p in pids)
+
+
+def test_deadline_kills_a_stuck_example(world):
+    pids = world.start().pids()
+    t0 = time.perf_counter()
+    with pytest.raises(WorldFailure) as e:
+        world.run(Sleep(30), deadline_s=3)
+    took = time.perf_counter() - t0
+    assert e.value.kind == "deadline", str(e.value)
+    assert "3s deadline" in str(e.value) and "rank 1: computing" in str(e.value)
+    assert 3 <= took < 10, took
+    assert not any(running(p) for p in pids)

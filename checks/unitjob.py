@@ -1,0 +1,82 @@
+"""The job every rank runs for one example: build (once per layout) and run one unit of a target.
+
+Inputs are rebuilt on each rank from (seed, shapes) instead of being shipped; only outputs travel back.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from checks.batches import DTYPES, Batch, Request, seq_inputs, seq_token_ids
+from checks.targets.protocol import BuildEnv, Groups, Step, resolve
+from checks.topology import Layout
+
+
+@functools.lru_cache(maxsize=4)
+def load_weights(model_dir: str):
+    from fixtures.build import load_checkpoint
+    return load_checkpoint(model_dir)
+
+
+def unit_inputs(unit: str, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Per request in global order: hidden [prefix+extend, hidden] (token ids for the model)."""
+    if unit == "model":
+        return seq_token_ids(batch, config["vocab_size"])
+    return seq_inputs(batch, config["hidden_size"], dtype)
+
+
+def local_slice(batch: Batch, dp_rank: int) -> slice:
+    before = sum(len(r) for r in batch.per_dp[:dp_rank])
+    return slice(before, before + len(batch.per_dp[dp_rank]))
+
+
+def make_groups(ctx, layout: Layout) -> Groups:
+    """Create every group of the layout on every rank in one canonical order (torch requires it)."""
+    mine = {}
+    for name, groups in layout.all_groups().items():
+        for ranks in groups:
+            pg = ctx.group(ranks, name)
+            if ctx.rank in ranks:
+                mine[name] = (pg, ranks)
+    return Groups(*(mine[n][0] for n in ("tp", "attn_tp", "moe_tp", "moe_ep")),
+                  ranks={n: mine[n][1] for n in mine})
+
+
+@dataclass(frozen=True)
+class UnitJob:
+    target: str
+    unit: str
+    model_dir: str
+    layout: Layout
+    batch: Batch
+    dtype: str
+    layer: int = 0
+    token_ids: tuple[tuple[int, ...], ...] | None = None   # model unit: real prompts instead of seeded ids
+
+    def __call__(self, ctx) -> dict:
+        if ctx.world_size != self.layout.tp:
+            raise RuntimeError(f"world of {ctx.world_size} ranks cannot run layout {self.layout}")
+        config, weights = load_weights(self.model_dir)
+        groups = make_groups(ctx, self.layout)
+        key = ("built", self.target, self.unit, self.model_dir, self.layout, self.dtype, self.layer)
+        if key not in ctx.cache:
+            target = resolve(self.target)
+            dev = torch.device(ctx.device if ctx.device == "cpu" else f"cuda:{torch.cuda.current_device()}")
+            env = BuildEnv(config, weights, self.layout, ctx.rank, groups, DTYPES[self.dtype], dev, self.layer)
+            ctx.cache[key] = (target, target.build(self.unit, env))
+        target, built = ctx.cache[key]
+        dp_rank = self.layout.dp_rank(ctx.rank)
+        batch = self.batch
+        if self.token_ids is not None:
+            inputs = [torch.tensor(t, dtype=torch.long) for t in self.token_ids][local_slice(batch, dp_rank)]
+        else:
+            inputs = unit_inputs(self.unit, batch, config, DTYPES[self.dtype])[local_slice(batch, dp_rank)]
+        reqs: tuple[Request, ...] = batch.per_dp[dp_rank]
+        if self.unit == "moe":
+            hidden = config["hidden_size"]
+            rows = [x[r.prefix:] for r, x in zip(reqs, inputs)]   # the MLP sees extend rows only
+            inputs = [torch.cat(rows) if rows else torch.zeros(0, hidden, dtype=DTYPES[self.dtype])]
+        step = Step(batch, ctx.rank, dp_rank, reqs, inputs, self.unit)
+        return target.run(built, step)

@@ -1,0 +1,360 @@
+"""Multi-rank execution: a pool of N rank processes, started once and reused for many examples.
+
+- gloo on CPU; NCCL when every rank has its own GPU; gloo with CUDA tensors on a shared GPU otherwise.
+- `file://` rendezvous in a per-world temporary file (fixed TCP ports collide under pytest-xdist).
+- Every collective is recorded per rank (checks.recorder) and streamed to the parent, which runs a
+  wait-for analysis while waiting: a rank that finished (or failed) while others wait for it in a
+  collective, or ranks blocked in collectives none of which can complete, is a hang, diagnosed at once
+  (after a short quiet period) with the rank, the collective and where every other rank is. A deadline
+  backs this up for hangs outside collectives. After a hang the world is killed, no process left, and
+  restarted on next use.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import pickle
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import wait
+from typing import Any
+
+from checks.recorder import Record, mismatches
+
+
+class WorldFailure(AssertionError):
+    """Ranks did not finish an example together; the message is the diagnosis."""
+
+    def __init__(self, kind: str, message: str, records: dict[int, list[Record]] | None = None):
+        super().__init__(message)
+        self.kind = kind          # "hang" | "rank-error" | "deadline" | "died"
+        self.records = records or {}
+
+
+@dataclass
+class RankResult:
+    rank: int
+    value: Any
+    records: list[Record]
+    seconds: float
+
+
+@dataclass
+class _RankState:
+    records: list[Record] = field(default_factory=list)
+    waiting: Record | None = None      # collective entered, not exited
+    finished: bool = False
+    error: str | None = None
+    value: Any = None
+    seconds: float = 0.0
+    died: bool = False
+
+    def issued_on(self, group: tuple[int, ...]) -> int:
+        return sum(1 for r in self.records if r.group == group)
+
+
+def choose_backend(world_size: int, device: str) -> tuple[str, str]:
+    """(backend, device) for a world: NCCL only with one GPU per rank (NCCL refuses two ranks on one GPU)."""
+    if device == "cpu":
+        return "gloo", "cpu"
+    import torch
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        raise RuntimeError(f"device {device!r} asked for but no CUDA device is visible")
+    return ("nccl", "cuda") if n >= world_size else ("gloo", "cuda")
+
+
+class World:
+    """N rank processes. `run(job)` sends the same job to every rank and returns their results."""
+
+    def __init__(self, size: int, device: str = "cpu", deadline_s: float = 120.0, quiet_s: float = 1.5,
+                 rank_env: dict[str, str] | None = None):
+        self.size = size
+        self.device = device
+        self.deadline_s = deadline_s
+        self.quiet_s = quiet_s
+        self.rank_env = rank_env or {}
+        self.backend, self.rank_device = choose_backend(size, device)
+        self._procs: list[mp.Process] = []
+        self._conns: list = []
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.starts = 0
+        self.start_seconds: list[float] = []
+
+    # ---------------- lifecycle ----------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self) -> "World":
+        if self.alive:
+            return self
+        self.close()
+        t0 = time.perf_counter()
+        ctx = mp.get_context("spawn")
+        self._tmp = tempfile.TemporaryDirectory(prefix="dpep-world-")
+        init = os.path.join(self._tmp.name, "rendezvous")
+        for rank in range(self.size):
+            parent, child = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_rank_main, name=f"dpep-rank{rank}",
+                            args=(rank, self.size, init, child, self.backend, self.rank_device,
+                                  self.rank_env, self.deadline_s), daemon=True)
+            p.start()
+            child.close()
+            self._procs.append(p)
+            self._conns.append(parent)
+        for rank, c in enumerate(self._conns):   # wait for every rank's process group
+            if not c.poll(self.deadline_s):
+                self.close()
+                raise WorldFailure("died", f"rank {rank} did not join the world within {self.deadline_s}s")
+            try:
+                msg = c.recv()
+            except (EOFError, OSError):
+                msg = ("failed", f"process exited with code {self._procs[rank].exitcode} before joining")
+            if msg[0] != "ready":
+                self.close()
+                raise WorldFailure("died", f"rank {rank} failed to start:\n{msg[1]}")
+        self.starts += 1
+        self.start_seconds.append(time.perf_counter() - t0)
+        _LIVE.add(self)
+        return self
+
+    def close(self):
+        for c in self._conns:
+            try:
+                c.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for p in self._procs:
+            p.join(timeout=2)
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for c in self._conns:
+            c.close()
+        self._procs, self._conns = [], []
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        _LIVE.discard(self)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---------------- running examples ----------------
+    def run(self, job: Any, deadline_s: float | None = None) -> list[RankResult]:
+        """Run `job` (a picklable callable taking a RankContext) on every rank."""
+        self.start()
+        payload = pickle.dumps(job)
+        for c in self._conns:
+            c.send_bytes(payload)
+        states = [_RankState() for _ in range(self.size)]
+        deadline = time.monotonic() + (deadline_s or self.deadline_s)
+        last_event = time.monotonic()
+        conn_rank = {id(c): r for r, c in enumerate(self._conns)}
+        while not all(s.finished for s in states):
+            ready = wait(self._conns, timeout=0.2)
+            for c in ready:
+                r = conn_rank[id(c)]
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    states[r].finished = states[r].died = True
+                    states[r].error = states[r].error or f"rank {r} process died (exit code {self._procs[r].exitcode})"
+                    continue
+                last_event = time.monotonic()
+                _apply(states[r], msg)
+            now = time.monotonic()
+            for r, p in enumerate(self._procs):
+                if not p.is_alive() and not states[r].finished:
+                    states[r].finished = states[r].died = True
+                    states[r].error = f"rank {r} process died (exit code {p.exitcode})"
+            if all(s.finished for s in states):
+                break
+            hang = diagnose(states, quiet=now - last_event >= self.quiet_s)
+            if hang:
+                self._fail("hang", hang, states)
+            if now > deadline:
+                self._fail("deadline", f"example exceeded its {deadline_s or self.deadline_s:.0f}s deadline\n"
+                           + where_is_everyone(states), states)
+        errors = [(r, s.error) for r, s in enumerate(states) if s.error]
+        if errors:
+            msg = "\n".join(f"--- rank {r} raised:\n{e}" for r, e in errors)
+            # a collective mismatch often kills gloo ranks: name it from the records
+            mismatch = "\n".join(mismatches({r: s.records for r, s in enumerate(states)}))
+            if any(s.died for s in states) or any(not p.is_alive() for p in self._procs):
+                self.close()
+            raise WorldFailure("rank-error", msg + ("\n" + mismatch if mismatch else ""),
+                               {r: s.records for r, s in enumerate(states)})
+        return [RankResult(r, s.value, s.records, s.seconds) for r, s in enumerate(states)]
+
+    def _fail(self, kind: str, message: str, states: list[_RankState]):
+        records = {r: s.records for r, s in enumerate(states)}
+        if any(s.error for s in states):
+            kind = "rank-error"   # a rank raised and left the others waiting: the error is the cause
+        errors = "".join(f"\n--- rank {r} raised:\n{s.error}" for r, s in enumerate(states) if s.error)
+        self.close()   # ranks blocked in collectives cannot be recovered: kill, restart on next use
+        raise WorldFailure(kind, message + errors, records)
+
+
+def _apply(state: _RankState, msg):
+    kind = msg[0]
+    if kind == "enter":
+        state.records.append(msg[1])
+        state.waiting = msg[1]
+    elif kind == "exit":
+        state.waiting = None
+    elif kind == "done":
+        state.finished, state.value, state.seconds = True, msg[1], msg[2]
+        state.waiting = None
+    elif kind == "error":
+        state.finished, state.error = True, msg[1]
+        state.waiting = None
+
+
+def diagnose(states: list[_RankState], quiet: bool = True) -> str | None:
+    """A hang explained by the records, or None.
+
+    A rank waiting for a member that already finished without issuing that collective is certain at once
+    (a finished rank's records are complete: its pipe is ordered). A mismatch or a deadlock is judged only
+    after a quiet period, when no exit message can still be in flight."""
+    waiting = [(r, s.waiting) for r, s in enumerate(states) if s.waiting is not None and not s.finished]
+    if not waiting:
+        return None
+    lines = []
+    for r, rec in waiting:
+        for m in rec.group:
+            sm = states[m]
+            n = sm.issued_on(rec.group)
+            if sm.finished and n < rec.gseq:
+                what = "failed" if sm.error else "finished the example"
+                lines.append(f"HANG: rank {r} waits in {rec.short()}, but rank {m} {what} after issuing "
+                             f"{n} collective(s) on that group: rank {m} skipped it")
+            elif quiet and n >= rec.gseq:
+                other = [x for x in sm.records if x.group == rec.group][rec.gseq - 1]
+                if other.signature() != rec.signature():
+                    lines.append(f"MISMATCH: rank {r} is in {rec.short()} while rank {m} issued {other.short()}")
+    if lines:
+        return "\n".join(dict.fromkeys(lines)) + "\n" + where_is_everyone(states)
+    # every unfinished rank is blocked, and no blocked collective has all its members in it: deadlock
+    unfinished = [r for r, s in enumerate(states) if not s.finished]
+    if quiet and all(states[r].waiting is not None for r in unfinished):
+        def complete(rec):
+            return all(states[m].issued_on(rec.group) >= rec.gseq for m in rec.group)
+        if not any(complete(states[r].waiting) for r in unfinished):
+            return "DEADLOCK: every running rank is blocked in a collective that cannot complete\n" + \
+                where_is_everyone(states)
+    return None
+
+
+def where_is_everyone(states: list[_RankState]) -> str:
+    out = []
+    for r, s in enumerate(states):
+        if s.error:
+            where = "raised an error"
+        elif s.finished:
+            where = f"finished after {len(s.records)} collective(s)"
+        elif s.waiting is not None:
+            where = f"blocked in {s.waiting.short()}"
+        else:
+            last = s.records[-1].short() if s.records else "none"
+            where = f"computing (last collective: {last})"
+        out.append(f"  rank {r}: {where}")
+    return "where every rank is:\n" + "\n".join(out)
+
+
+# ---------------- rank side ----------------
+@dataclass
+class RankContext:
+    rank: int
+    world_size: int
+    device: str
+    backend: str
+    cache: dict            # survives across examples: built modules, groups
+    recorder: Any
+
+    def group(self, ranks: tuple[int, ...], name: str):
+        """The process group for `ranks`, created once. Every rank must call this in the same order."""
+        import torch.distributed as dist
+        key = ("group", tuple(ranks))
+        if key not in self.cache:
+            pg = dist.new_group(list(ranks)) if len(ranks) < self.world_size else dist.group.WORLD
+            self.cache[key] = pg
+        pg = self.cache[key]
+        if pg is not None and pg is not dist.GroupMember.NON_GROUP_MEMBER:
+            self.recorder.name_group(pg, name)
+        return pg
+
+
+def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
+    try:
+        os.environ.update(env)
+        import warnings
+        warnings.filterwarnings("ignore", category=FutureWarning)   # torch's all_gather_into_tensor rename
+        import torch
+        torch.set_num_threads(1)   # N ranks share the cores; oversubscription makes gloo timeouts flaky
+        import torch.distributed as dist
+        if device == "cuda":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size,
+                                timeout=timedelta(seconds=max(timeout_s, 30)))
+        from checks.recorder import Recorder
+        rec = Recorder(conn.send)
+        rec.install()
+        ctx = RankContext(rank, size, device, backend, {}, rec)
+        conn.send(("ready",))
+    except BaseException:
+        conn.send(("failed", traceback.format_exc()))
+        return
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        job = pickle.loads(data)
+        if job is None:
+            break
+        rec.reset()
+        t0 = time.perf_counter()
+        try:
+            value = job(ctx)
+            conn.send(("done", value, time.perf_counter() - t0))
+        except BaseException:
+            conn.send(("error", f"{traceback.format_exc()}"))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+# ---------------- pool of worlds per process ----------------
+_LIVE: set[World] = set()
+_POOL: dict[tuple, World] = {}
+
+
+def get_world(size: int, device: str = "cpu", deadline_s: float = 120.0, **kw) -> World:
+    """One world per (size, device) per test process, reused across examples."""
+    key = (size, device)
+    w = _POOL.get(key)
+    if w is None:
+        w = _POOL[key] = World(size, device, deadline_s, **kw)
+    w.deadline_s = deadline_s
+    return w.start()
+
+
+@atexit.register
+def close_all():
+    for w in list(_LIVE):
+        w.close()
+    _POOL.clear()

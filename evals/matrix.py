@@ -1,0 +1,312 @@
+"""The configuration matrix: a small declarative TOML (or YAML) file, validated before anything runs.
+
+::
+
+    [defaults]                      # optional: inherited by every [[config]]
+    model = "fixture:qwen2-moe-shared"
+    dtype = "float32"
+    engine = "inproc"
+    target = "spec"
+
+    [gate]                          # optional: the verdict's parameters
+    margin = 1.0                    # equivalence margin, accuracy points
+    alpha = 0.05
+
+    [[config]]
+    name = "tp1"
+    baseline = true
+    tp = 1
+
+Every broken rule is reported at once, each message naming the rule (see ``RULES``).
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+ENGINES = ("inproc", "openai", "sglang")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+GSM8K_METRICS = ("flexible-extract", "strict-match")
+RULES = {
+    "unique-names": "configuration names must be unique",
+    "one-baseline": "exactly one configuration must have baseline = true",
+    "tp%dp": "tp % dp == 0 (DP attention splits the TP group)",
+    "tp%ep": "tp % ep == 0 (EP groups live inside the TP group)",
+    "positive": "tp, dp, ep must be positive integers",
+    "engine": f"engine must be one of {ENGINES}",
+    "required": "engine-specific required fields",
+    "known-keys": "only known keys",
+    "dtype": f"dtype must be one of {DTYPES}",
+    "gate": "gate settings",
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class MatrixError(ValueError):
+    """The matrix file is invalid; ``problems`` lists every broken rule."""
+
+    def __init__(self, problems: list[str], path: str | Path | None = None) -> None:
+        self.problems = problems
+        head = f"invalid configuration matrix{f' {path}' if path else ''}:"
+        super().__init__("\n  - ".join([head, *problems]))
+
+
+@dataclass
+class Config:
+    name: str
+    engine: str = "inproc"
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    baseline: bool = False
+    model: str | None = None
+    dtype: str = "float32"
+    target: str | None = None          # inproc: "hf", "spec" or "package.module:object"
+    factory: str | None = None         # inproc: "package.module:callable", callable(config) -> engine
+    base_url: str | None = None        # openai
+    tokenizer: str | None = None       # default: the model path
+    served_model: str | None = None    # the "model" field sent to an OpenAI server; default: model
+    server_args: list[str] = field(default_factory=list)  # sglang: extra launch_server flags
+    launch: list[str] = field(default_factory=list)       # sglang: command prefix, default python -m ...
+    health_timeout_s: float = 900.0
+    num_concurrent: int = 1
+    batch_size: int = 8
+    max_length: int = 4096
+    deterministic: bool | None = None  # default: true for inproc engines
+    replica: int = 0                   # 1 for the A/A rerun of the baseline (set by the sign-off)
+    model_path: str | None = None      # resolved by resolve_models()
+
+    @property
+    def layout(self) -> str:
+        return f"tp={self.tp} dp={self.dp} ep={self.ep}"
+
+    @property
+    def is_deterministic(self) -> bool:
+        return self.engine == "inproc" if self.deterministic is None else bool(self.deterministic)
+
+
+@dataclass
+class GateSettings:
+    margin: float = 1.0            # points
+    alpha: float = 0.05
+    power: float = 0.8
+    gsm8k_metric: str = "flexible-extract"
+    bootstrap: int = 2000
+    seed: int = 20240601
+    min_agreement: float | None = None      # optional hard floor on answer/output agreement (fraction)
+    max_logprob_drift: float | None = None  # optional hard ceiling on mean |delta logprob| (nats)
+
+
+@dataclass
+class Matrix:
+    configs: list[Config]
+    gate: GateSettings
+    path: Path | None = None
+
+    @property
+    def baseline(self) -> Config:
+        return next(c for c in self.configs if c.baseline)
+
+    def ordered(self) -> list[Config]:
+        return [self.baseline] + [c for c in self.configs if not c.baseline]
+
+
+_CONFIG_KEYS = {f.name for f in fields(Config)} - {"replica", "model_path"}
+_GATE_KEYS = {f.name for f in fields(GateSettings)}
+
+
+def _read(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise MatrixError([f"cannot read the file: {e}"], path) from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise MatrixError([f"not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'TOML'}: {e}"],
+                          path) from None
+    if not isinstance(data, dict):
+        raise MatrixError(["the file must hold a table/mapping at the top"], path)
+    return data
+
+
+def parse(data: dict, path: Path | None = None) -> Matrix:
+    problems: list[str] = []
+    unknown_top = set(data) - {"defaults", "gate", "config"}
+    if unknown_top:
+        problems.append(f"[known-keys] unknown top-level keys {sorted(unknown_top)} "
+                        "(expected defaults, gate, config)")
+    defaults = data.get("defaults") or {}
+    entries = data.get("config") or []
+    if not isinstance(entries, list) or not entries:
+        raise MatrixError(problems + ["[required] no [[config]] entries"], path)
+    for key in set(defaults) - _CONFIG_KEYS:
+        problems.append(f"[known-keys] [defaults] has unknown key {key!r}")
+
+    configs: list[Config] = []
+    for i, raw in enumerate(entries):
+        if not isinstance(raw, dict):
+            problems.append(f"[required] config #{i + 1} is not a table")
+            continue
+        merged = {k: v for k, v in defaults.items() if k in _CONFIG_KEYS} | raw
+        label = f"config {merged.get('name', f'#{i + 1}')!r}"
+        for key in set(raw) - _CONFIG_KEYS:
+            problems.append(f"[known-keys] {label}: unknown key {key!r}")
+        merged = {k: v for k, v in merged.items() if k in _CONFIG_KEYS}
+        if not isinstance(merged.get("name"), str) or not merged.get("name"):
+            problems.append(f"[required] {label}: 'name' (a non-empty string) is required")
+            continue
+        if not re.fullmatch(r"[A-Za-z0-9][\w.=+-]*", merged["name"]):
+            problems.append(f"[required] {label}: name may hold only letters, digits and . _ = + -")
+        try:
+            cfg = Config(**merged)
+        except TypeError as e:
+            problems.append(f"[required] {label}: {e}")
+            continue
+        problems += _check_config(cfg, label)
+        configs.append(cfg)
+
+    names = [c.name for c in configs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        problems.append(f"[unique-names] {RULES['unique-names']}: {dupes} appear more than once")
+    baselines = [c.name for c in configs if c.baseline is True]
+    if len(baselines) != 1:
+        problems.append(f"[one-baseline] {RULES['one-baseline']}; found {len(baselines)}"
+                        + (f": {baselines}" if baselines else ""))
+
+    gate, gate_problems = _parse_gate(data.get("gate") or {})
+    problems += gate_problems
+    if problems:
+        raise MatrixError(problems, path)
+    return Matrix(configs=configs, gate=gate, path=path)
+
+
+def _is_pos_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _check_config(c: Config, label: str) -> list[str]:
+    p: list[str] = []
+    if not all(_is_pos_int(v) for v in (c.tp, c.dp, c.ep)):
+        p.append(f"[positive] {label}: {RULES['positive']} (got {c.layout})")
+    else:
+        if c.tp % c.dp:
+            p.append(f"[tp%dp] {label}: {RULES['tp%dp']} is false for tp={c.tp}, dp={c.dp}")
+        if c.tp % c.ep:
+            p.append(f"[tp%ep] {label}: {RULES['tp%ep']} is false for tp={c.tp}, ep={c.ep}")
+    if not isinstance(c.baseline, bool):
+        p.append(f"[required] {label}: baseline must be true or false")
+    if c.engine not in ENGINES:
+        p.append(f"[engine] {label}: {RULES['engine']}, got {c.engine!r}")
+    if c.dtype not in DTYPES:
+        p.append(f"[dtype] {label}: {RULES['dtype']}, got {c.dtype!r}")
+    if not c.model:
+        p.append(f"[required] {label}: 'model' (a model directory, fixture:NAME or hub id) is required")
+    if c.engine == "inproc":
+        if not c.target and not c.factory:
+            p.append(f"[required] {label}: engine 'inproc' needs 'target' (\"hf\", \"spec\" or "
+                     "\"package.module:object\") or 'factory' (\"package.module:callable\")")
+        if c.target == "hf" and not c.factory and (c.tp, c.dp, c.ep) != (1, 1, 1):
+            p.append(f"[required] {label}: target 'hf' is the single-device engine; it needs tp = dp = ep = 1")
+        if c.factory and ":" not in c.factory:
+            p.append(f"[required] {label}: factory must look like 'package.module:callable'")
+    elif c.engine == "openai":
+        if not c.base_url:
+            p.append(f"[required] {label}: engine 'openai' needs 'base_url' (one server per configuration)")
+    elif c.engine == "sglang":
+        if c.base_url:
+            p.append(f"[required] {label}: engine 'sglang' starts its own server; remove 'base_url' "
+                     "or use engine 'openai'")
+    for key in ("server_args", "launch"):
+        v = getattr(c, key)
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            p.append(f"[required] {label}: {key} must be a list of strings")
+    for key in ("health_timeout_s",):
+        if not isinstance(getattr(c, key), int | float) or getattr(c, key) <= 0:
+            p.append(f"[required] {label}: {key} must be a positive number")
+    for key in ("num_concurrent", "batch_size", "max_length"):
+        if not _is_pos_int(getattr(c, key)):
+            p.append(f"[required] {label}: {key} must be a positive integer")
+    return p
+
+
+def _parse_gate(raw: dict) -> tuple[GateSettings, list[str]]:
+    p = [f"[known-keys] [gate] has unknown key {k!r}" for k in sorted(set(raw) - _GATE_KEYS)]
+    g = GateSettings(**{k: v for k, v in raw.items() if k in _GATE_KEYS})
+    if not isinstance(g.margin, int | float) or not g.margin > 0:
+        p.append(f"[gate] margin must be a positive number of accuracy points, got {g.margin!r}")
+    if not isinstance(g.alpha, float) or not 0 < g.alpha < 0.5:
+        p.append(f"[gate] alpha must be in (0, 0.5), got {g.alpha!r}")
+    if not isinstance(g.power, float) or not 0 < g.power < 1:
+        p.append(f"[gate] power must be in (0, 1), got {g.power!r}")
+    if g.gsm8k_metric not in GSM8K_METRICS:
+        p.append(f"[gate] gsm8k_metric must be one of {GSM8K_METRICS}, got {g.gsm8k_metric!r}")
+    if not _is_pos_int(g.bootstrap):
+        p.append("[gate] bootstrap must be a positive integer")
+    if g.min_agreement is not None and not 0 <= g.min_agreement <= 1:
+        p.append("[gate] min_agreement must be a fraction in [0, 1]")
+    if g.max_logprob_drift is not None and not g.max_logprob_drift >= 0:
+        p.append("[gate] max_logprob_drift must be >= 0")
+    return g, p
+
+
+def load_matrix(path: Path | str) -> Matrix:
+    path = Path(path)
+    return parse(_read(path), path)
+
+
+# ---------------------------------------------------------------------------------------- models
+def resolve_model(spec: str, engine: str, base: Path | None) -> str:
+    """A local model directory (with config.json), ``fixture:NAME``, or (sglang/openai) a hub id."""
+    if spec.startswith("fixture:"):
+        name = spec.split(":", 1)[1]
+        try:
+            from fixtures.build import fixture_path  # lazy: a colleague's module
+        except ImportError as e:
+            raise ValueError(f"model {spec!r} needs fixtures.build.fixture_path, which cannot be "
+                             f"imported yet ({e})") from None
+        try:
+            path = Path(fixture_path(name))
+        except Exception as e:  # noqa: BLE001 - any failure of the fixture builder is bad input here
+            raise ValueError(f"fixture {name!r} could not be built: {type(e).__name__}: {e}") from None
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_absolute() and not path.exists() and base is not None and (base / path).exists():
+            path = base / path
+        if not path.exists():
+            if engine in ("sglang", "openai") and _HUB_ID.match(spec):
+                return spec  # a hub id: the server fetches it
+            raise ValueError(f"model path {spec!r} does not exist")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory {path} has no config.json")
+    return str(path.resolve())
+
+
+def resolve_models(matrix: Matrix) -> None:
+    """Fill ``model_path`` (and check tokenizers) for every config; raises MatrixError listing all."""
+    problems = []
+    base = matrix.path.parent if matrix.path else None
+    for c in matrix.configs:
+        try:
+            c.model_path = resolve_model(c.model, c.engine, base)
+        except ValueError as e:
+            problems.append(f"[model] config {c.name!r}: {e}")
+            continue
+        if c.tokenizer:
+            tok = Path(c.tokenizer).expanduser()
+            if not tok.is_absolute() and not tok.exists() and base is not None and (base / tok).exists():
+                tok = base / tok
+            if tok.exists():
+                c.tokenizer = str(tok.resolve())
+            elif not _HUB_ID.match(c.tokenizer):
+                problems.append(f"[model] config {c.name!r}: tokenizer {c.tokenizer!r} does not exist")
+    if problems:
+        raise MatrixError(problems, matrix.path)

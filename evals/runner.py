@@ -1,0 +1,41 @@
+"""Run one configuration over the samples, resuming from its per-sample cache.
+
+The engine (or server) is opened only if some sample is missing from the cache, and always closed.
+Samples run in chunks; each finished chunk is appended to the cache (fsynced) before the next starts,
+so a kill loses at most the chunk in flight.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from evals.cache import SampleCache, fingerprint
+from evals.engines import open_lm
+from evals.samples import Sample, run_chunk
+from evals.tasks import TaskSet
+
+
+def run_config(config, samples: dict[str, list[Sample]], taskset: TaskSet, out_dir: Path,
+               chunk_size: int = 8, progress: bool = True, opener=open_lm) -> dict[str, list[dict]]:
+    fp = fingerprint(config, taskset.max_gen_toks)
+    results: dict[str, list[dict]] = {}
+    with contextlib.ExitStack() as stack:
+        lm = None
+        for task, task_samples in samples.items():
+            cache = SampleCache(out_dir, config.name, task, fp)
+            missing = [s for s in task_samples if cache.get(s.doc_id, s.prompt_hash) is None]
+            bar = tqdm(total=len(task_samples), initial=len(task_samples) - len(missing), unit="doc",
+                       desc=f"{config.name} {task}", file=sys.stderr, disable=not progress,
+                       dynamic_ncols=True, leave=True)
+            with bar:
+                for i in range(0, len(missing), chunk_size):
+                    if lm is None:
+                        lm = stack.enter_context(opener(config, taskset.max_gen_toks, Path(out_dir) / "logs"))
+                    chunk = missing[i:i + chunk_size]
+                    cache.append(run_chunk(lm, taskset, task, chunk))
+                    bar.update(len(chunk))
+            results[task] = [cache.get(s.doc_id, s.prompt_hash) for s in task_samples]
+    return results

@@ -1,0 +1,133 @@
+"""Which documents run (a seeded, stratified subset), their lm-eval requests, and their scoring.
+
+Every configuration sees exactly the same documents and prompts: the subset depends only on the
+data, the limit and the seed; each sample carries a sha256 of its exact requests and target.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+
+from evals.cache import sha256_json
+from evals.data import gsm8k_gold
+from evals.tasks import MMLU_SUBJECTS, TaskSet
+
+DEFAULT_SEED = 1234
+
+
+@dataclass
+class Sample:
+    task: str                 # "mmlu" | "gsm8k"
+    doc_id: str               # "mmlu/<subject>/<index>" | "gsm8k/<index>" (index: lm-eval's doc_id)
+    index: int
+    subject: str | None
+    doc: dict
+    prompt: str
+    instances: list = field(repr=False)
+    prompt_hash: str = ""
+
+
+# ------------------------------------------------------------------------------------ subsets
+def allocate(sizes: dict[str, int], limit: int, seed: int) -> dict[str, int]:
+    """Proportional allocation of ``limit`` items over strata (largest remainder, seeded ties)."""
+    total = sum(sizes.values())
+    if limit >= total:
+        return dict(sizes)
+    quotas = {s: limit * n / total for s, n in sizes.items()}
+    alloc = {s: int(q) for s, q in quotas.items()}
+    rng = random.Random(f"{seed}:allocate")
+    tiebreak = {s: rng.random() for s in sorted(sizes)}
+    left = limit - sum(alloc.values())
+    for s in sorted(sizes, key=lambda s: (-(quotas[s] - alloc[s]), tiebreak[s]))[:left]:
+        alloc[s] += 1
+    return alloc
+
+
+def _prefix_of_permutation(n: int, k: int, key: str) -> list[int]:
+    order = list(range(n))
+    random.Random(key).shuffle(order)
+    return sorted(order[:k])
+
+
+def select_mmlu(taskset: TaskSet, limit: int | None, seed: int = DEFAULT_SEED) -> list[tuple[str, int]]:
+    sizes = {s: len(taskset.mmlu_rows(s, "test")) for s in MMLU_SUBJECTS}
+    alloc = sizes if limit is None else allocate(sizes, limit, seed)
+    return [(s, i) for s in MMLU_SUBJECTS for i in _prefix_of_permutation(sizes[s], alloc[s], f"{seed}:{s}")]
+
+
+def select_gsm8k(taskset: TaskSet, limit: int | None, seed: int = DEFAULT_SEED) -> list[int]:
+    n = len(taskset.data.rows("gsm8k", "test"))
+    return list(range(n)) if limit is None else _prefix_of_permutation(n, min(limit, n), f"{seed}:gsm8k")
+
+
+# ------------------------------------------------------------------------------------ requests
+def _hash(task_name: str, instances, target) -> str:
+    return sha256_json({"task": task_name, "target": target,
+                        "requests": [[i.request_type, list(i.arguments)] for i in instances]})
+
+
+def build_mmlu(taskset: TaskSet, selection: list[tuple[str, int]]) -> list[Sample]:
+    out = []
+    for subject, index in selection:
+        task = taskset.mmlu_task(subject)
+        doc, prompt = taskset.mmlu_context(subject, index)
+        inst = task.construct_requests(doc=doc, ctx=prompt, metadata=(task.config.task, index, 1))
+        inst = inst if isinstance(inst, list) else [inst]
+        s = Sample("mmlu", f"mmlu/{subject}/{index}", index, subject, doc, prompt, inst)
+        s.prompt_hash = _hash(task.config.task, inst, task.doc_to_target(doc))
+        out.append(s)
+    return out
+
+
+def build_gsm8k(taskset: TaskSet, selection: list[int]) -> list[Sample]:
+    task = taskset.gsm8k_task()
+    out = []
+    for index in selection:
+        doc, prompt = taskset.gsm8k_context(index)
+        inst = task.construct_requests(doc=doc, ctx=prompt, metadata=(task.config.task, index, 1))
+        inst = inst if isinstance(inst, list) else [inst]
+        s = Sample("gsm8k", f"gsm8k/{index}", index, None, doc, prompt, inst)
+        s.prompt_hash = _hash(task.config.task, inst, task.doc_to_target(doc))
+        out.append(s)
+    return out
+
+
+# ------------------------------------------------------------------------------------ scoring
+def score_mmlu(taskset: TaskSet, s: Sample, resps: list[tuple[float, bool]]) -> dict:
+    task = taskset.mmlu_task(s.subject)
+    metrics = task.process_results(s.doc, resps)
+    lls = [float(ll) for ll, _ in resps]
+    return {"task": "mmlu", "doc_id": s.doc_id, "prompt_hash": s.prompt_hash, "subject": s.subject,
+            "gold": int(s.doc["answer"]), "lls": lls, "greedy": [bool(g) for _, g in resps],
+            "pred": max(range(len(lls)), key=lambda i: (lls[i], -i)),
+            "metrics": {"acc": float(metrics["acc"])}}
+
+
+def score_gsm8k(taskset: TaskSet, s: Sample, generation: str) -> dict:
+    task = taskset.gsm8k_task()
+    inst = dataclasses.replace(s.instances[0], resps=[generation], filtered_resps={})
+    for f in task._filters:
+        f.apply([inst])
+    metrics, extracted = {}, {}
+    for key, value in inst.filtered_resps.items():
+        extracted[key] = value
+        metrics[key] = float(task.process_results(s.doc, [value])["exact_match"])
+    return {"task": "gsm8k", "doc_id": s.doc_id, "prompt_hash": s.prompt_hash, "subject": None,
+            "gold": gsm8k_gold(s.doc["answer"]), "generation": generation, "extracted": extracted,
+            "metrics": metrics}
+
+
+def run_chunk(lm, taskset: TaskSet, task: str, chunk: list[Sample]) -> list[dict]:
+    """One engine call for a chunk of samples; returns their scored records."""
+    if task == "mmlu":
+        flat = [inst for s in chunk for inst in s.instances]
+        results = lm.loglikelihood(flat, disable_tqdm=True)
+        out, k = [], 0
+        for s in chunk:
+            n = len(s.instances)
+            out.append(score_mmlu(taskset, s, results[k:k + n]))
+            k += n
+        return out
+    gens = lm.generate_until([s.instances[0] for s in chunk], disable_tqdm=True)
+    return [score_gsm8k(taskset, s, g) for s, g in zip(chunk, gens)]

@@ -1,0 +1,205 @@
+"""``python -m evals signoff``: validate, plan, run every configuration (resumably), gate, report.
+
+Exit codes: 0 pass (or inconclusive without --strict), 1 the gate failed, 2 bad input (nothing ran),
+3 an engine failed during the run (finished samples stay cached; rerun to resume).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from evals.data import DataError, check_data_dir, load_data
+from evals.engines.base import EngineError
+from evals.matrix import MatrixError, load_matrix, resolve_models
+
+DEFAULT_MATRIX = Path(__file__).resolve().parent / "configs" / "fixture-default.toml"
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_ENGINE = 0, 1, 2, 3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX,
+                   help="configuration matrix (TOML/YAML); default: evals/configs/fixture-default.toml")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="local data in the layout of ../shared/data; default: the Hugging Face hub")
+    p.add_argument("--mmlu-limit", type=int, default=None, help="MMLU items (stratified by subject); default all")
+    p.add_argument("--gsm8k-limit", type=int, default=None, help="GSM8K items (seeded subset); default all")
+    p.add_argument("--tasks", default="mmlu,gsm8k", help="comma-separated subset of mmlu,gsm8k")
+    p.add_argument("--out", type=Path, default=Path("runs/signoff"), help="cache, logs and report")
+    p.add_argument("--margin", type=float, default=None, help="equivalence margin in accuracy points "
+                   "(default: the matrix's [gate] margin, else 1.0)")
+    p.add_argument("--alpha", type=float, default=None, help="significance level (default 0.05)")
+    p.add_argument("--aa", action="store_true", help="also rerun the baseline (A/A) to measure its nondeterminism")
+    p.add_argument("--seed", type=int, default=1234, help="subset seed (same seed = same documents)")
+    p.add_argument("--max-gen-toks", type=int, default=256, help="GSM8K generation budget")
+    p.add_argument("--chunk-size", type=int, default=8, help="samples per engine call and cache write")
+    p.add_argument("--strict", action="store_true", help="exit 1 on INCONCLUSIVE too")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch intra-op threads for in-process engines (1 is fastest for tiny models)")
+
+
+def _err(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+
+
+def validate(args) -> tuple:
+    """Everything that can be checked before work starts; raises MatrixError/DataError/EngineError."""
+    from evals.engines.inproc import check_available
+
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    bad = [t for t in tasks if t not in ("mmlu", "gsm8k")]
+    if bad or not tasks:
+        raise MatrixError([f"--tasks must name mmlu and/or gsm8k, got {args.tasks!r}"])
+    for opt in ("mmlu_limit", "gsm8k_limit"):
+        v = getattr(args, opt)
+        if v is not None and v <= 0:
+            raise MatrixError([f"--{opt.replace('_', '-')} must be positive (use --tasks to skip a task)"])
+    if args.max_gen_toks <= 0 or args.chunk_size <= 0:
+        raise MatrixError(["--max-gen-toks and --chunk-size must be positive"])
+    matrix = load_matrix(args.matrix)
+    if args.margin is not None:
+        if not args.margin > 0:
+            raise MatrixError([f"--margin must be positive, got {args.margin}"])
+        matrix.gate.margin = float(args.margin)
+    if args.alpha is not None:
+        if not 0 < args.alpha < 0.5:
+            raise MatrixError([f"--alpha must be in (0, 0.5), got {args.alpha}"])
+        matrix.gate.alpha = float(args.alpha)
+    if args.data_dir is not None:
+        check_data_dir(args.data_dir, tasks)
+    resolve_models(matrix)
+    problems = []
+    for c in matrix.configs:
+        try:
+            if c.engine == "inproc":
+                check_available(c)
+            elif c.engine == "openai" and not str(c.base_url).startswith(("http://", "https://")):
+                problems.append(f"config {c.name!r}: base_url must start with http:// or https://")
+            elif c.engine == "sglang" and not c.launch and importlib.util.find_spec("sglang") is None:
+                problems.append(f"config {c.name!r}: engine 'sglang' needs the sglang package "
+                                "(pip install sglang) or a 'launch' command")
+        except EngineError as e:
+            problems.append(str(e))
+    if problems:
+        raise MatrixError(problems, matrix.path)
+    return matrix, tasks
+
+
+def prepare_samples(args, tasks, data):
+    from evals.samples import build_gsm8k, build_mmlu, select_gsm8k, select_mmlu
+    from evals.tasks import TaskSet
+
+    taskset = TaskSet(data, max_gen_toks=args.max_gen_toks)
+    samples = {}
+    if "mmlu" in tasks:
+        samples["mmlu"] = build_mmlu(taskset, select_mmlu(taskset, args.mmlu_limit, args.seed))
+    if "gsm8k" in tasks:
+        samples["gsm8k"] = build_gsm8k(taskset, select_gsm8k(taskset, args.gsm8k_limit, args.seed))
+    return taskset, samples
+
+
+def print_power(rows, gate) -> None:
+    print(f"Power before the run (alpha {gate.alpha}, power {gate.power}; margin +-{gate.margin} pts):")
+    for r in rows:
+        mdd = ", ".join(f"{100 * v:.2f} pts if {k} of items flip" for k, v in r["mdd"].items())
+        print(f"  {r['task']:6s} n={r['n']:<6d} MDD {mdd}; smallest equivalence margin with no flips: "
+              f"{100 * r['smallest_margin_zero_flips']:.2f} pts")
+
+
+def run(args) -> int:
+    t0 = time.monotonic()
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    try:
+        matrix, tasks = validate(args)
+        data = load_data(args.data_dir, tasks)
+        taskset, samples = prepare_samples(args, tasks, data)
+    except (MatrixError, DataError, EngineError) as e:
+        _err(str(e))
+        return EXIT_INPUT
+    from evals import gate as G
+    from evals import report
+    from evals.runner import run_config
+
+    gs = matrix.gate
+    base = matrix.baseline
+    configs = matrix.ordered()
+    if args.aa:
+        configs.insert(1, dataclasses.replace(base, name=f"{base.name}~aa", replica=1, baseline=False))
+    print(f"Sign-off: {len(configs)} runs ({', '.join(c.name for c in configs)}), data {data.source}, "
+          + ", ".join(f"{t} {len(s)} items" for t, s in samples.items()))
+    power = G.planned_power({t: len(s) for t, s in samples.items()}, gs)
+    print_power(power, gs)
+    sys.stdout.flush()
+
+    results, timing = {}, {}
+    for c in configs:
+        t = time.monotonic()
+        try:
+            results[c.name] = run_config(c, samples, taskset, args.out, chunk_size=args.chunk_size,
+                                         progress=not args.no_progress)
+        except Exception as e:  # noqa: BLE001 - any engine failure; Ctrl-C still propagates
+            if not isinstance(e, EngineError):
+                traceback.print_exc()
+            _err(f"configuration {c.name!r} failed: {type(e).__name__}: {e}\n(finished samples are cached "
+                 f"in {args.out}; rerun the same command to resume)")
+            return EXIT_ENGINE
+        timing[c.name] = round(time.monotonic() - t, 2)
+
+    comparisons, aa = [], []
+    try:
+        for c in configs[1:]:
+            kind = "aa" if c.replica else "config"
+            for task in samples:
+                p = G.pair(task, results[base.name][task], results[c.name][task], base.name, c.name)
+                (aa if kind == "aa" else comparisons).append(G.compare(p, gs, kind))
+    except G.PairingError as e:
+        _err(str(e))
+        return EXIT_INPUT
+    all_cmp = comparisons + aa
+    G.decide(all_cmp, gs)
+    verdicts = {}
+    for c in matrix.ordered()[1:]:
+        verdicts[c.name] = G.worst(x["verdict"] for x in comparisons if x["config"] == c.name)
+    overall = G.worst(verdicts.values())
+    aa_notes = G.aa_findings(aa, base.is_deterministic) if aa else []
+    findings = [n for n in aa_notes if "DISAGREEMENT" in n]
+    if len(matrix.configs) == 1:
+        findings.append("the matrix has only the baseline: nothing was compared")
+    import lm_eval
+
+    rep = {
+        "verdict": overall, "matrix": str(args.matrix), "data_source": data.source, "seed": args.seed,
+        "gate": {**dataclasses.asdict(gs)}, "lm_eval_version": getattr(lm_eval, "__version__", "?"),
+        "baseline": base.name, "tasks": list(samples),
+        "configs": [{"name": c.name, "layout": c.layout, "engine": c.engine, "target": c.target or c.factory,
+                     "model": c.model_path, "dtype": c.dtype, "verdict": verdicts.get(c.name)}
+                    for c in matrix.ordered()],
+        "power": power, "comparisons": all_cmp,
+        "n_tests": sum(1 for x in comparisons for _ in (["m"] + (["s"] if x["symmetry"] else []))),
+        "aa": aa_notes, "findings": findings,
+        "colleague_reports": report.find_colleague_reports(args.out),
+        "timing_s": {**timing, "total": round(time.monotonic() - t0, 2)},
+        "max_gen_toks": args.max_gen_toks,
+    }
+    code = EXIT_FAIL if overall == "FAIL" else (EXIT_FAIL if overall == "INCONCLUSIVE" and args.strict else EXIT_PASS)
+    rep["exit_code"] = code
+    files = report.write(rep, args.out)
+    print(f"\nVerdict: {overall}")
+    for x in all_cmp:
+        tag = " (A/A)" if x["kind"] == "aa" else ""
+        print(f"  {x['config']}{tag} / {x['task']}: {x['verdict']} "
+              f"(acc {100 * x['acc_base']:.2f} -> {100 * x['acc_cfg']:.2f}, delta {100 * x['delta']:+.2f} pts)")
+        for r in x["reasons"]:
+            print(f"    - {r}")
+    for n in aa_notes + [f for f in findings if f not in aa_notes]:
+        print(f"  note: {n}")
+    print(f"Report: {files['markdown']} ({files['json']}, {files['png']})")
+    return code

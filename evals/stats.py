@@ -1,0 +1,202 @@
+"""Paired statistics for accuracy parity (pure numpy/scipy; checked against statsmodels in the tests).
+
+Conventions: accuracies and differences are fractions in [0, 1] here; the gate and the report show
+percentage points. ``d_i = y_cfg_i - y_base_i`` is the paired difference of per-item correctness.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+Z_POWER_08 = float(sps.norm.ppf(0.8))
+
+
+# ------------------------------------------------------------------------------------ standard errors
+def mean_se(y, clusters=None) -> tuple[float, float]:
+    """Mean of ``y`` and its standard error: iid (sample sd, ddof=1) or cluster-robust.
+
+    The cluster-robust form is statsmodels' OLS ``y ~ 1`` with ``cov_type='cluster'`` (default small
+    sample correction G/(G-1) * (N-1)/(N-K), K=1): V = G/(G-1) * sum_g (sum_{i in g} u_i)^2 / N^2.
+    """
+    y = np.asarray(y, dtype=float)
+    n = y.size
+    if n == 0:
+        return float("nan"), float("nan")
+    m = float(y.mean())
+    if n == 1:
+        return m, float("nan")
+    if clusters is None:
+        return m, float(y.std(ddof=1) / math.sqrt(n))
+    _, inv = np.unique(np.asarray(clusters), return_inverse=True)
+    g = int(inv.max()) + 1
+    if g < 2:
+        return m, float("nan")
+    sums = np.bincount(inv, weights=y - m, minlength=g)
+    var = g / (g - 1) * float(np.sum(sums ** 2)) / n ** 2
+    return m, math.sqrt(var)
+
+
+def agresti_min_se(b: int, c: int, n: int) -> float:
+    """SE of a paired difference of proportions after adding 1/2 to each cell (Agresti & Min, 2005).
+
+    It never collapses to zero: with no discordant pairs at all it is 1/(n+2), the resolution that
+    ``n`` paired items can claim.
+    """
+    bt, ct, nt = b + 0.5, c + 0.5, n + 2.0
+    var = ((bt + ct) - (bt - ct) ** 2 / nt) / nt ** 2
+    return math.sqrt(max(var, 0.0))
+
+
+# ------------------------------------------------------------------------------------ tests
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: binomial test of b vs c discordant pairs at p=1/2.
+
+    Same as ``statsmodels.stats.contingency_tables.mcnemar(table, exact=True)``.
+    """
+    n = int(b) + int(c)
+    if n == 0:
+        return 1.0
+    return float(min(1.0, 2.0 * sps.binom.cdf(min(b, c), n, 0.5)))
+
+
+@dataclass
+class SymmetryResult:
+    statistic: float
+    df: int
+    p_asymptotic: float
+    p_exact: float
+    method: str
+
+
+def bowker_symmetry(table, n_mc: int = 20000, seed: int = 0, exact_limit: int = 200_000) -> SymmetryResult:
+    """Bowker's test that a square table of paired categorical outcomes is symmetric.
+
+    Used on the table (baseline answer x configuration answer): an engine bug that favours one
+    answer (a bias on one token) makes flips one-directional. The statistic matches statsmodels'
+    ``SquareTable(table, shift_zeros=False).symmetry()``; the p-value used is exact conditional on the pair totals (under H0
+    n_ij ~ Bin(n_ij + n_ji, 1/2)), by enumeration when small and by seeded Monte Carlo otherwise,
+    because the chi-square approximation is anti-conservative for the few flips a healthy engine has.
+    """
+    t = np.asarray(table, dtype=float)
+    k = t.shape[0]
+    pairs = [(i, j) for i, j in itertools.combinations(range(k), 2)]
+    m = np.array([t[i, j] + t[j, i] for i, j in pairs])
+    x = np.array([t[i, j] for i, j in pairs])
+    used = m > 0
+    if not used.any():
+        return SymmetryResult(0.0, 0, 1.0, 1.0, "no off-diagonal counts")
+    mu, xu = m[used].astype(int), x[used]
+    stat = float(np.sum((2 * xu - mu) ** 2 / mu))
+    df = len(pairs)  # as statsmodels and R's mcnemar.test
+    p_asym = float(sps.chi2.sf(stat, df))
+    if float(np.prod(mu + 1.0)) <= exact_limit:
+        dist = {0.0: 1.0}
+        for mi in mu:
+            vals = (2 * np.arange(mi + 1) - mi) ** 2 / mi
+            probs = sps.binom.pmf(np.arange(mi + 1), mi, 0.5)
+            new: dict[float, float] = {}
+            for s, p in dist.items():
+                for v, q in zip(vals, probs):
+                    key = round(s + float(v), 9)
+                    new[key] = new.get(key, 0.0) + p * q
+            dist = new
+        p_exact = float(sum(p for s, p in dist.items() if s >= stat - 1e-9))
+        method = "exact"
+    else:
+        rng = np.random.default_rng(seed)
+        draws = rng.binomial(mu, 0.5, size=(n_mc, mu.size))
+        sims = np.sum((2 * draws - mu) ** 2 / mu, axis=1)
+        p_exact = float((1 + np.sum(sims >= stat - 1e-9)) / (n_mc + 1))
+        method = f"monte-carlo ({n_mc}, seed {seed})"
+    return SymmetryResult(stat, df, p_asym, min(1.0, p_exact), method)
+
+
+@dataclass
+class TostResult:
+    p: float
+    p_lower: float
+    p_upper: float
+    ci_low: float  # (1 - 2 alpha) confidence interval of the difference
+    ci_high: float
+
+
+def tost(diff: float, se: float, margin: float, df: float | None = None, alpha: float = 0.05) -> TostResult:
+    """Two one-sided tests of H0: |delta| >= margin against H1: |delta| < margin.
+
+    With ``se = sd(d)/sqrt(n)`` and ``df = n - 1`` this is statsmodels' ``ttost_paired``;
+    ``df=None`` uses the normal distribution.
+    """
+    dist = sps.norm if df is None else sps.t(df)
+    if not se > 0:
+        inside = -margin < diff < margin
+        p = 0.0 if inside else 1.0
+        return TostResult(p, p, p, diff, diff)
+    p_lower = float(dist.sf((diff + margin) / se))   # H0: delta <= -margin
+    p_upper = float(dist.cdf((diff - margin) / se))  # H0: delta >= +margin
+    q = float(dist.ppf(1 - alpha))
+    return TostResult(max(p_lower, p_upper), p_lower, p_upper, diff - q * se, diff + q * se)
+
+
+# ------------------------------------------------------------------------------------ bootstrap
+def paired_bootstrap_ci(y_base, y_cfg, clusters=None, n_boot: int = 2000, seed: int = 0,
+                        level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of mean(y_cfg - y_base), resampling paired items (or whole clusters).
+
+    Each resampled unit carries both arms, so the pairing is kept. ``clusters`` (MMLU subjects)
+    makes it a cluster bootstrap, consistent with the cluster-robust standard error.
+    """
+    d = np.asarray(y_cfg, dtype=float) - np.asarray(y_base, dtype=float)
+    if d.size == 0:
+        return float("nan"), float("nan")
+    if clusters is None:
+        sums, counts = d, np.ones_like(d)
+    else:
+        _, inv = np.unique(np.asarray(clusters), return_inverse=True)
+        sums = np.bincount(inv, weights=d)
+        counts = np.bincount(inv).astype(float)
+    g = sums.size
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, g, size=(n_boot, g))
+    means = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
+    a = (1 - level) / 2
+    lo, hi = np.quantile(means, [a, 1 - a])
+    return float(lo), float(hi)
+
+
+# ------------------------------------------------------------------------------------ power
+def mdd(se: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable difference of a two-sided z test with standard error ``se``."""
+    return float((sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)) * se)
+
+
+def equivalence_mdd(se: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest margin that TOST shows with probability ``power`` when the true difference is 0."""
+    return float((sps.norm.ppf(1 - alpha) + sps.norm.ppf(1 - (1 - power) / 2)) * se)
+
+
+def planned_se(n: int, flip_rate: float) -> float:
+    """SE of the paired difference before the run: flips (discordant items) at ``flip_rate``, mean 0.
+
+    Never below the zero-flip resolution of :func:`agresti_min_se`.
+    """
+    return max(math.sqrt(flip_rate / n), agresti_min_se(0, 0, n)) if n > 0 else float("inf")
+
+
+# ------------------------------------------------------------------------------------ multiplicity
+def holm(pvalues) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (as ``statsmodels multipletests(method='holm')``)."""
+    p = np.asarray(list(pvalues), dtype=float)
+    m = p.size
+    if m == 0:
+        return []
+    order = np.argsort(p, kind="stable")
+    adj = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, (m - rank) * p[i])
+        adj[i] = min(1.0, running)
+    return adj.tolist()

@@ -1,0 +1,137 @@
+"""Pairing and verdicts on synthetic per-sample records."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evals import gate as G
+from evals.matrix import GateSettings
+
+
+def mmlu_records(preds, golds, subjects=None, lls=None):
+    out = []
+    for i, (p, g) in enumerate(zip(preds, golds)):
+        ll = lls[i] if lls is not None else [-2.0 + (0.5 if k == p else 0.0) for k in range(4)]
+        out.append({"task": "mmlu", "doc_id": f"mmlu/s/{i}", "prompt_hash": f"h{i}",
+                    "subject": subjects[i] if subjects else f"s{i % 7}", "gold": g, "pred": p, "lls": ll,
+                    "metrics": {"acc": float(p == g)}})
+    return out
+
+
+def gsm_records(correct, gens=None):
+    return [{"task": "gsm8k", "doc_id": f"gsm8k/{i}", "prompt_hash": f"g{i}", "subject": None,
+             "generation": gens[i] if gens else "x", "metrics": {"flexible-extract": float(c),
+                                                                  "strict-match": float(c)}}
+            for i, c in enumerate(correct)]
+
+
+def run(base, cfg, gate=None, task="mmlu"):
+    gate = gate or GateSettings()
+    c = G.compare(G.pair(task, base, cfg, "base", "cfg"), gate)
+    G.decide([c], gate)
+    return c
+
+
+def test_pairing_refuses_different_prompts_and_documents():
+    rng = np.random.default_rng(0)
+    golds = rng.integers(0, 4, 50).tolist()
+    base = mmlu_records(golds, golds)
+    other = mmlu_records(golds, golds)
+    other[7]["prompt_hash"] = "different"
+    with pytest.raises(G.PairingError, match=r"prompts differ .* for 1 of 50 documents .*mmlu/s/7"):
+        G.pair("mmlu", base, other, "base", "cfg")
+    with pytest.raises(G.PairingError, match="ran different documents"):
+        G.pair("mmlu", base, other[:-1], "base", "cfg")
+    # order does not matter, ids do
+    p = G.pair("mmlu", base, list(reversed(mmlu_records(golds, golds))))
+    assert [r["doc_id"] for r in p.base] == [r["doc_id"] for r in p.cfg]
+
+
+def test_identical_large_sample_passes():
+    rng = np.random.default_rng(1)
+    golds = rng.integers(0, 4, 2000).tolist()
+    preds = [g if rng.random() < 0.6 else (g + 1) % 4 for g in golds]
+    c = run(mmlu_records(preds, golds), mmlu_records(preds, golds))
+    assert c["verdict"] == "PASS", c["reasons"]
+    assert c["agreement"] == 1.0 and c["drift"]["max_abs_chosen"] == 0.0
+    assert c["b_base_only"] == c["c_cfg_only"] == 0
+
+
+def test_small_sample_is_inconclusive_with_mdd():
+    golds = [0, 1, 2, 3] * 10
+    c = run(mmlu_records(golds, golds), mmlu_records(golds, golds))
+    assert c["verdict"] == "INCONCLUSIVE"
+    assert "sample too small" in c["reasons"][0] and "MDD" in c["reasons"][0]
+
+
+def test_accuracy_drop_fails_mcnemar():
+    rng = np.random.default_rng(2)
+    golds = rng.integers(0, 4, 1000).tolist()
+    preds = [g if rng.random() < 0.6 else (g + 1) % 4 for g in golds]
+    worse = [(p + 2) % 4 if (p == g and rng.random() < 0.1) else p for p, g in zip(preds, golds)]
+    c = run(mmlu_records(preds, golds), mmlu_records(worse, golds))
+    assert c["verdict"] == "FAIL"
+    assert any("accuracy differs" in r and "McNemar" in r for r in c["reasons"])
+
+
+def test_one_letter_bias_fails_symmetry_even_at_equal_accuracy():
+    rng = np.random.default_rng(3)
+    golds = rng.integers(0, 4, 400).tolist()
+    preds = rng.integers(0, 4, 400).tolist()
+    biased = [0 if rng.random() < 0.3 else p for p in preds]  # flips only towards "A"
+    c = run(mmlu_records(preds, golds), mmlu_records(biased, golds))
+    assert c["verdict"] == "FAIL"
+    assert any("answers shift systematically" in r and "->A" in r for r in c["reasons"]), c["reasons"]
+
+
+def test_symmetric_noise_flips_do_not_fail_on_their_own():
+    rng = np.random.default_rng(4)
+    golds = rng.integers(0, 4, 3000).tolist()
+    preds = [g if rng.random() < 0.6 else int(rng.integers(0, 4)) for g in golds]
+    noisy = list(preds)
+    # 1% near-tie flips: as many right->wrong as wrong->right, in random letter directions
+    right = [i for i, (p, g) in enumerate(zip(preds, golds)) if p == g]
+    wrong = [i for i, (p, g) in enumerate(zip(preds, golds)) if p != g]
+    for i in rng.choice(right, 15, replace=False):
+        noisy[i] = (golds[i] + int(rng.integers(1, 4))) % 4
+    for i in rng.choice(wrong, 15, replace=False):
+        noisy[i] = golds[i]
+    c = run(mmlu_records(preds, golds), mmlu_records(noisy, golds))
+    assert c["symmetry"]["p"] > 0.05
+    assert c["verdict"] in ("PASS", "INCONCLUSIVE")
+
+
+def test_declared_limits_and_drift():
+    golds = [0, 1, 2, 3] * 10
+    base = mmlu_records(golds, golds)
+    cfg = mmlu_records(golds, golds, lls=[[x * 2 for x in r["lls"]] for r in base])
+    c = run(base, cfg, GateSettings(max_logprob_drift=0.1))
+    assert c["verdict"] == "FAIL" and "log-likelihood drift" in c["reasons"][0]
+    assert c["drift"]["mean_abs_chosen"] == pytest.approx(1.5)
+
+
+def test_gsm8k_agreement_and_holm_over_family():
+    base = gsm_records([1, 0] * 100, gens=[f"g{i}" for i in range(200)])
+    cfg = gsm_records([1, 0] * 100, gens=[f"g{i}" if i % 10 else "other" for i in range(200)])
+    gate = GateSettings()
+    a = G.compare(G.pair("gsm8k", base, cfg), gate)
+    b = G.compare(G.pair("gsm8k", base, cfg), gate)
+    G.decide([a, b], gate)
+    assert a["agreement"] == pytest.approx(0.9) and a["symmetry"] is None and a["drift"] is None
+    assert a["p_mcnemar_holm"] == 1.0
+
+
+def test_aa_findings_flag_deterministic_disagreement():
+    golds = [0, 1, 2, 3] * 10
+    base = mmlu_records(golds, golds)
+    other = mmlu_records([(g + 1) % 4 if i == 3 else g for i, g in enumerate(golds)], golds)
+    c = G.compare(G.pair("mmlu", base, other), GateSettings(), kind="aa")
+    notes = G.aa_findings([c], deterministic=True)
+    assert "A/A DISAGREEMENT on a deterministic engine" in notes[0] and "1 of 40" in notes[0]
+    assert "nondeterminism" in G.aa_findings([c], deterministic=False)[0]
+
+
+def test_planned_power_shrinks_with_n():
+    rows = G.planned_power({"small": 100, "big": 10000}, GateSettings())
+    assert rows[0]["mdd"]["5%"] > rows[1]["mdd"]["5%"] > 0
+    assert rows[1]["smallest_margin_zero_flips"] < 0.001

@@ -1,0 +1,137 @@
+"""Layer parity: every layout computes what one device computes, on random and empty batches.
+
+Each example runs one unit of the target across a world and is judged by checks.parity: output parity
+under the tolerance model, exact row ownership / shapes / dtypes, expert dispatch counts, the padding-mode
+rule, greedy tokens (model), and collective discipline from the per-rank records. A failure prints the
+shrunk example, the failed checks and a one-line replay command. The @example pins are the triggers of
+the catalog in shared BUGS.md (ids in comments), run as plain parametrized tests before the search.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, note, reject, strategies as st
+
+from checks.batches import Batch, Request as R
+from checks.parity import run_example
+from checks.targets.protocol import resolve
+from checks.topology import Layout
+from fixtures.build import fixture_path
+from property_tests.strategies import Example, examples
+
+E = Example
+
+
+def evaluate(suite, unit: str, ex: Example):
+    """Run one example; None when the target skips it."""
+    if unit not in resolve(suite.target).units:
+        pytest.skip(f"target {suite.target} does not implement unit {unit}")
+    res = run_example(suite.target, unit, str(fixture_path(ex.fixture)), ex.layout, ex.batch, ex.dtype,
+                      ex.layer, suite.device, suite.deadline)
+    return None if res.skipped else res
+
+
+def failure(res, unit, ex, suite) -> str:
+    return f"{res.report()}\nreplay: {ex.replay(unit, suite.target)}"
+
+
+def check(suite, unit: str, ex: Example):
+    res = evaluate(suite, unit, ex)
+    if res is None:
+        reject()
+    note(res.report())
+    assert res.ok, failure(res, unit, ex, suite)
+
+
+def pin_id(ex: Example) -> str:
+    return f"{ex.fixture}-{ex.layout}-{ex.dtype}-L{ex.layer}-[{ex.batch.describe()}]"
+
+
+IDLE4 = Batch(((R(0, 3),), (), (), ()), 3)                         # one busy rank of four (B02, B17)
+DECODE_UNEVEN = Batch(((R(4, 1), R(2, 1), R(5, 1)), (R(3, 1),)), 5)  # MAX_LEN, 3 rows vs 1 (B04, B11, B14)
+ODD = Batch(((R(0, 3),), ()), 7)                                   # odd count, idle rank, dp < tp (B04, B05)
+
+
+def _given(unit):
+    def deco(fn):
+        @given(data=st.data())
+        def wrapper(suite, data):
+            ex = data.draw(examples(suite.fixtures, suite.world_sizes, suite.dtypes, unit), label="example")
+            fn(suite, ex)
+        wrapper.__name__ = fn.__name__
+        wrapper.__doc__ = fn.__doc__
+        return wrapper
+    return deco
+
+
+@pytest.mark.parametrize("pinned", [
+    E("qwen2-moe-shared", Layout(4, 4, 4), IDLE4, "float32", 0),          # B02 B14 B15 tp=dp=ep, idle ranks
+    E("qwen3-moe", Layout(4, 2, 2), DECODE_UNEVEN, "float32", 1),         # B04 B11 B14 MAX_LEN decode
+    E("qwen2-moe-noshared", Layout(2, 1, 1), Batch(((R(0, 4),),), 1), "float32", 0),   # B08 no shared expert
+    E("qwen2-moe-shared", Layout(4, 2, 1), ODD, "float32", 1),            # B06 offsets, odd counts
+    E("qwen2-moe-shared", Layout(2, 2, 2), DECODE_UNEVEN, "bfloat16", 0),  # B15 shared expert x ep, bf16
+], ids=pin_id)
+def test_moe_pinned(suite, pinned):
+    """The MoE block at the catalog's triggers."""
+    _run_pinned(suite, "moe", pinned)
+
+
+@pytest.mark.parametrize("pinned", [
+    E("qwen2-moe-noshared", Layout(4, 1, 1), Batch(((R(2, 3), R(0, 2)),), 2), "float32", 0),  # KV replicated x4
+    E("qwen3-moe", Layout(4, 2, 2), Batch(((R(0, 3),), (R(4, 2),)), 4), "float32", 1),  # B01 B03 qk-norm
+    E("qwen3-moe", Layout(2, 1, 1), Batch(((R(0, 5),),), 1), "float32", 0),
+    E("qwen2-moe-shared", Layout(4, 1, 1), Batch(((R(1, 4),),), 3), "float32", 1),   # 2 KV heads, 4 ranks
+], ids=pin_id)
+def test_attention_pinned(suite, pinned):
+    """Attention over the attention-TP group, KV heads split or replicated, qk-norm before RoPE."""
+    _run_pinned(suite, "attention", pinned)
+
+
+@pytest.mark.parametrize("pinned", [
+    E("qwen2-moe-shared", Layout(4, 2, 2), ODD, "float32", 1),           # residual fold on attn-TP rank 0
+    E("qwen3-moe-dense", Layout(4, 4, 2), IDLE4, "float32", 0),          # B09 dense layer 0
+    E("qwen3-moe", Layout(4, 2, 2), DECODE_UNEVEN, "float32", 1),        # B12 B14 MAX_LEN inside the layer
+], ids=pin_id)
+def test_decoder_pinned(suite, pinned):
+    """The decoder layer: attention, the DP gather with the residual, the MLP, the scatter."""
+    _run_pinned(suite, "decoder", pinned)
+
+
+@pytest.mark.parametrize("pinned", [
+    E("qwen3-moe-dense", Layout(4, 2, 2), Batch(((R(2, 3),), ()), 9), "float32"),               # B09 B13
+    E("qwen2-moe-shared", Layout(2, 2, 1, True), Batch(((R(0, 4),), ()), 6), "float32"),        # B07 B16 B18
+    E("qwen3-moe", Layout(4, 4, 4), Batch(((R(3, 1),), (R(2, 1),), (), (R(5, 1),)), 8), "float32"),  # decode
+], ids=pin_id)
+def test_model_pinned(suite, pinned):
+    """The whole model: replicated embedding, layers with KV cache, vocab-parallel lm_head."""
+    _run_pinned(suite, "model", pinned)
+
+
+def _run_pinned(suite, unit, ex):
+    if ex.fixture not in suite.fixtures or ex.layout.tp not in suite.world_sizes or ex.dtype not in suite.dtypes:
+        pytest.skip("pinned example outside this run's --models / --world-sizes / --dtypes")
+    res = evaluate(suite, unit, ex)
+    if res is None:
+        pytest.skip("the target skips this example")
+    assert res.ok, failure(res, unit, ex, suite)
+
+
+@_given("moe")
+def test_moe_parity(suite, ex):
+    """The MoE block (gather -> experts -> reduce -> scatter) equals one device on every rank."""
+    check(suite, "moe", ex)
+
+
+@_given("attention")
+def test_attention_parity(suite, ex):
+    check(suite, "attention", ex)
+
+
+@_given("decoder")
+def test_decoder_parity(suite, ex):
+    check(suite, "decoder", ex)
+
+
+@_given("model")
+def test_model_parity(suite, ex):
+    """Logits and greedy tokens of the whole model, prefix forward (KV cache) then extend or decode."""
+    check(suite, "model", ex)
