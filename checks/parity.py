@@ -168,6 +168,8 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
                          fan_in=fan_in, excused=excused, labels=row_labels(batch, layout, ranks))
     res.verdict = v
     res.checks.append(Check("parity", v.ok, "; ".join(v.reasons)))
+    if unit == "model":
+        res.checks.append(greedy_check(sut, truth, ref, excused, dt, row_labels(batch, layout, ranks)))
     if unit == "model" and not v.ok:
         res.first_divergent_layer = first_divergent_layer(results, uref, batch, layout, dt, excused)
     if unit in ("moe", "decoder") and uref.router:
@@ -209,6 +211,22 @@ def dispatch_check(results, uref, layout, config, batch, dt, excused, top_k) -> 
     return Check("dispatch", ok, "" if ok else
                  f"rows dispatched per expert {got.tolist()} != routing of real tokens {want.tolist()} "
                  f"(near-tie slack {slack}): {int(got.sum()) - int(want.sum()):+d} rows; padded rows dispatched?")
+
+
+def greedy_check(sut, truth, ref, excused, dt, labels) -> Check:
+    """Greedy next tokens equal the truth's, except where the truth's top-2 logit margin is within the
+    noise one device makes in this dtype (2x the reference's error on that row, plus 2 ulp)."""
+    if truth.shape[0] == 0:
+        return Check("greedy", True)
+    t = truth.to(torch.float64)
+    top2 = t.topk(2, dim=1).values
+    margin = top2[:, 0] - top2[:, 1]
+    noise = numerics.FACTOR * (ref.to(torch.float64) - t).abs().amax(1) + 2 * numerics.ulp(top2[:, 0], dt)
+    decided = (margin > noise) & ~excused
+    bad = (sut.to(torch.float64).argmax(1) != t.argmax(1)) & decided
+    rows = bad.nonzero().flatten().tolist()
+    return Check("greedy", not rows, "" if not rows else
+                 f"greedy token differs from one device on {len(rows)} decided rows, first {labels[rows[0]]}")
 
 
 def collective_discipline(results: list[RankResult], layout: Layout) -> Check:

@@ -99,16 +99,29 @@ class Oracle:
         for model, dt in self._both():
             logits, hidden, taps = [], [[] for _ in range(n_layers)], []
             for (_, _, req), ids in zip(batch.requests_flat(), token_ids):
-                with _RouterTap(model) as tap:
-                    out = model(input_ids=ids[None], output_hidden_states=True)
+                outs: dict[int, torch.Tensor] = {}
+                hooks = [layer.register_forward_hook(_keep_output(outs, i))
+                         for i, layer in enumerate(model.model.layers)]
+                try:   # hooks, not output_hidden_states: its last entry is after the final norm
+                    with _RouterTap(model) as tap:
+                        out = model(input_ids=ids[None])
+                finally:
+                    for h in hooks:
+                        h.remove()
                 logits.append(out.logits[0, req.prefix:])
                 for i in range(n_layers):
-                    hidden[i].append(out.hidden_states[i + 1][0, req.prefix:])
+                    hidden[i].append(outs[i][0, req.prefix:])
                 taps.append([tap.probs(i) for i in range(n_layers)])
             v = self.config.vocab_size
             res.append((_cat(logits, v, dt), [_cat(h, self.config.hidden_size, dt) for h in hidden], taps))
         router = _merge_router(res[0][2], res[1][2], n_layers)
         return UnitRef(res[0][0], res[1][0], router, res[0][1], res[1][1])
+
+
+def _keep_output(store: dict, i: int):
+    def hook(mod, inp, out):
+        store[i] = (out[0] if isinstance(out, tuple) else out).detach()
+    return hook
 
 
 def _cat(rows: list[torch.Tensor], cols: int, dt) -> torch.Tensor:

@@ -51,7 +51,7 @@ class Layout:
                 continue
             key = part.rstrip("0123456789=").rstrip("=")
             num = part[len(key):].lstrip("=")
-            if key not in ("tp", "dp", "ep") or not num.isdigit():
+            if key not in ("tp", "dp", "ep") or not num.isdigit() or key in vals:
                 raise InvalidLayout(f"cannot parse layout {text!r}: expected e.g. 'tp4-dp2-ep2'")
             vals[key] = int(num)
         if "tp" not in vals:

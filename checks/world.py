@@ -123,18 +123,23 @@ class World:
         _LIVE.add(self)
         return self
 
-    def close(self):
-        for c in self._conns:
-            try:
-                c.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-        for p in self._procs:
-            p.join(timeout=2)
+    def close(self, kill: bool = False):
+        """Stop every rank: ask politely (shared 3 s grace), then kill. `kill`: ranks are known to be
+        stuck (a diagnosed hang), so skip the grace."""
+        if not kill:
+            for c in self._conns:
+                try:
+                    c.send_bytes(pickle.dumps(None))
+                except (OSError, BrokenPipeError):
+                    pass
+            end = time.monotonic() + 3
+            for p in self._procs:
+                p.join(timeout=max(0.0, end - time.monotonic()))
         for p in self._procs:
             if p.is_alive():
                 p.kill()
-                p.join(timeout=5)
+        for p in self._procs:
+            p.join(timeout=5)
         for c in self._conns:
             c.close()
         self._procs, self._conns = [], []
@@ -204,7 +209,7 @@ class World:
         if any(s.error for s in states):
             kind = "rank-error"   # a rank raised and left the others waiting: the error is the cause
         errors = "".join(f"\n--- rank {r} raised:\n{s.error}" for r, s in enumerate(states) if s.error)
-        self.close()   # ranks blocked in collectives cannot be recovered: kill, restart on next use
+        self.close(kill=True)   # ranks blocked in collectives cannot be recovered: kill, restart on next use
         raise WorldFailure(kind, message + errors, records)
 
 

@@ -1,4 +1,4 @@
-"""Extra picklable rank jobs for checks/tests/test_world.py (a module file: spawned ranks import it by path)."""
+"""Extra picklable rank jobs for checks/tests/test_world.py (a module file: spawned ranks import it)."""
 from __future__ import annotations
 
 import os

@@ -1,8 +1,8 @@
 """The tolerance model, measured at a realistic size: honest reorderings pass, real bugs fail, and say why.
 
-X [512, 2048] @ W [2048, 512] (a reduction length of real hidden sizes); truth in float64 of the dtype-rounded inputs; reference = one matmul in
-the dtype. The split-K system is checks.calibrate.split_k (the same measurement `python -m checks.calibrate`
-prints as a table).
+X [512, 2048] @ W [2048, 512] (a reduction length of real hidden sizes); truth in float64 of the
+dtype-rounded inputs; reference = one matmul in the dtype. The split-K system is checks.calibrate.split_k,
+the measurement `python -m checks.calibrate` prints as a table.
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def router_case(rows=256, experts=8, top_k=2, seed=0):
     logits = torch.empty(rows, experts, dtype=torch.float64)
     ties = torch.arange(rows) % 2 == 1
     for r in range(rows):
-        above = torch.sort(torch.rand(top_k - 1, generator=g, dtype=torch.float64) * 2, descending=True).values
+        above = torch.rand(top_k - 1, generator=g, dtype=torch.float64).mul(2).sort(descending=True).values
         below = torch.rand(experts - top_k - 1, generator=g, dtype=torch.float64) * 2 - 6
         kth = torch.rand((), generator=g, dtype=torch.float64) - 0.5      # the top_k-th, below `above`
         nxt = kth - (1e-4 if ties[r] else 1.0)

@@ -25,7 +25,8 @@ RULES = [
     ("tp % ep", Layout(4, 1, 3), {}),
     ("dp_lm_head needs dp > 1", Layout(4, 1, 1, True), {}),
     ("num_attention_heads % attn_tp", Layout(4, 1, 1), {"num_attention_heads": 6}),
-    ("num_key_value_heads and attn_tp", Layout(4, 1, 1), {"num_attention_heads": 12, "num_key_value_heads": 3}),
+    ("num_key_value_heads and attn_tp", Layout(4, 1, 1),
+     {"num_attention_heads": 12, "num_key_value_heads": 3}),
     ("num_experts % ep", Layout(4, 1, 4), {"num_experts": 6}),
     ("tp <= num_experts with EP", Layout(4, 1, 2), {"num_experts": 2}),
     ("moe_intermediate_size % moe_tp", Layout(4, 1, 1), {"moe_intermediate_size": 30}),
@@ -51,7 +52,10 @@ def test_each_rule_is_enforced_and_named(rule, layout, overrides):
     assert str(layout) in str(e.value)
 
 
-@pytest.mark.parametrize("rule,layout,overrides", [r for r in RULES if r[2]], ids=[r[0] for r in RULES if r[2]])
+WITH_CONFIG = [r for r in RULES if r[2]]
+
+
+@pytest.mark.parametrize("rule,layout,overrides", WITH_CONFIG, ids=[r[0] for r in WITH_CONFIG])
 def test_the_broken_number_is_the_cause(rule, layout, overrides):
     """The same layout on the unmodified config is valid: the overridden number alone broke it."""
     assert layout_violations(layout, BASE) == []
