@@ -20,6 +20,9 @@ settings.register_profile("fuzz", max_examples=500, deadline=None, print_blob=Tr
 settings.register_profile("release", derandomize=True, max_examples=150, deadline=None, database=None,
                           print_blob=True, suppress_health_check=_SLOW)
 settings.load_profile(os.environ.get("DPEP_PROFILE", "ci"))
+if os.environ.get("DPEP_MAX_EXAMPLES"):   # e.g. a time-boxed fuzz run
+    settings.register_profile("_override", settings(max_examples=int(os.environ["DPEP_MAX_EXAMPLES"])))
+    settings.load_profile("_override")
 
 
 def pytest_addoption(parser):

@@ -3,7 +3,6 @@ per example.   python -m checks.bench_harness [--sizes 2,4] [--examples 40]"""
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 from checks.batches import Batch, Request
@@ -20,7 +19,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from fixtures.build import fixture_path
     path = str(fixture_path(a.fixture))
-    print(f"| ranks | world start (s) | reused world: examples/s | fresh world per example: examples/s |")
+    print("| ranks | world start (s) | reused world: examples/s | fresh world per example: examples/s |")
     print("|---|---|---|---|")
     for n in map(int, a.sizes.split(",")):
         lay = Layout(n, n, n)

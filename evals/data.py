@@ -149,7 +149,7 @@ def load_hub(tasks: tuple[str, ...] = TASKS) -> EvalData:
         return _load_hub(tasks)
     except DataError:
         raise
-    except Exception as e:  # noqa: BLE001 - network, auth, missing dataset: all bad input here
+    except Exception as e:
         raise DataError(f"could not load the evaluation data from the Hugging Face hub "
                         f"({type(e).__name__}: {e}); pass --data-dir DIR to use a local copy") from e
 

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+
 from evals import stats
 from evals.matrix import GateSettings
 
@@ -55,7 +56,8 @@ def pair(task: str, base_records: list[dict], cfg_records: list[dict], base_name
         d = differ[0]
         raise PairingError(
             f"{task}: prompts differ between {base_name!r} and {cfg_name!r} for {len(differ)} of "
-            f"{len(b)} documents (e.g. {d}: sha256 {b[d]['prompt_hash'][:12]} vs {c[d]['prompt_hash'][:12]}); "
+            f"{len(b)} documents (e.g. {d}: sha256 {b[d]['prompt_hash'][:12]} vs "
+            f"{c[d]['prompt_hash'][:12]}); "
             "they were built from different data, task definitions or generation settings and cannot "
             "be compared")
     ids = sorted(b)
@@ -108,15 +110,18 @@ def compare(p: Paired, gate: GateSettings, kind: str = "config") -> dict:
                            "p_chi2": sym.p_asymptotic, "method": sym.method, "table": table.tolist(),
                            "top_flips": [[f"{x}->{y}", k] for (x, y), k in flips.most_common(3)]}
         out["agreement"] = float(np.mean(np.array(pb) == np.array(pc)))
-        chosen = np.array([abs(rc["lls"][rb["pred"]] - rb["lls"][rb["pred"]]) for rb, rc in zip(p.base, p.cfg)])
-        every = np.array([max(abs(x - y) for x, y in zip(rb["lls"], rc["lls"])) for rb, rc in zip(p.base, p.cfg)])
+        pairs = list(zip(p.base, p.cfg, strict=True))
+        chosen = np.array([abs(rc["lls"][rb["pred"]] - rb["lls"][rb["pred"]]) for rb, rc in pairs])
+        every = np.array([max(abs(x - y) for x, y in zip(rb["lls"], rc["lls"], strict=True))
+                          for rb, rc in pairs])
         out["drift"] = {"mean_abs_chosen": float(chosen.mean()), "max_abs_chosen": float(chosen.max()),
                         "max_abs_any_choice": float(every.max())}
         out["agreement_what"] = "same answer letter"
     else:
-        out["agreement"] = float(np.mean([rb["generation"] == rc["generation"] for rb, rc in zip(p.base, p.cfg)]))
+        same = [rb["generation"] == rc["generation"] for rb, rc in zip(p.base, p.cfg, strict=True)]
+        out["agreement"] = float(np.mean(same))
         out["agreement_what"] = "identical greedy generation"
-    out["n_disagree"] = int(round((1 - out["agreement"]) * n))
+    out["n_disagree"] = round((1 - out["agreement"]) * n)
     return out
 
 
@@ -159,8 +164,9 @@ def _verdict(c: dict, gate: GateSettings, n_tests: int) -> None:
     if gate.min_agreement is not None and c["agreement"] < gate.min_agreement:
         fail.append(f"agreement {100 * c['agreement']:.1f}% ({c['agreement_what']}) is below the "
                     f"declared floor {100 * gate.min_agreement:.1f}%")
-    if gate.max_logprob_drift is not None and c["drift"] and c["drift"]["mean_abs_chosen"] > gate.max_logprob_drift:
-        fail.append(f"log-likelihood drift {c['drift']['mean_abs_chosen']:.3g} nats (mean |delta| of the chosen "
+    drift = c["drift"]["mean_abs_chosen"] if c["drift"] else None
+    if gate.max_logprob_drift is not None and drift is not None and drift > gate.max_logprob_drift:
+        fail.append(f"log-likelihood drift {drift:.3g} nats (mean |delta| of the chosen "
                     f"answer) exceeds the declared ceiling {gate.max_logprob_drift:.3g}")
     lo, hi = c["ci_tost"]
     ci = f"{100 * (1 - 2 * a):.0f}% CI of the difference [{_pts(lo)}, {_pts(hi)}] pts"
@@ -172,7 +178,8 @@ def _verdict(c: dict, gate: GateSettings, n_tests: int) -> None:
     elif c["equivalence_mdd"] > m:
         verdict = "INCONCLUSIVE"
         why.append(f"sample too small to show equivalence within +-{_pts(m)} pts: the smallest margin "
-                   f"n={c['n']} can show is {_pts(c['equivalence_mdd'])} pts (MDD {_pts(c['mdd'])} pts); {ci}")
+                   f"n={c['n']} can show is {_pts(c['equivalence_mdd'])} pts (MDD {_pts(c['mdd'])} pts); "
+                   f"{ci}")
     else:
         verdict = "FAIL"
         fail.append(f"equivalence within +-{_pts(m)} pts not shown although the sample could show "

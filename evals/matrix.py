@@ -22,10 +22,10 @@ Every broken rule is reported at once, each message naming the rule (see ``RULES
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ENGINES = ("inproc", "openai", "sglang")
@@ -215,16 +215,16 @@ def _check_config(c: Config, label: str) -> list[str]:
             p.append(f"[required] {label}: engine 'inproc' needs 'target' (\"hf\", \"spec\" or "
                      "\"package.module:object\") or 'factory' (\"package.module:callable\")")
         if c.target == "hf" and not c.factory and (c.tp, c.dp, c.ep) != (1, 1, 1):
-            p.append(f"[required] {label}: target 'hf' is the single-device engine; it needs tp = dp = ep = 1")
+            p.append(f"[required] {label}: target 'hf' is the single-device engine; "
+                     "it needs tp = dp = ep = 1")
         if c.factory and ":" not in c.factory:
             p.append(f"[required] {label}: factory must look like 'package.module:callable'")
     elif c.engine == "openai":
         if not c.base_url:
             p.append(f"[required] {label}: engine 'openai' needs 'base_url' (one server per configuration)")
-    elif c.engine == "sglang":
-        if c.base_url:
-            p.append(f"[required] {label}: engine 'sglang' starts its own server; remove 'base_url' "
-                     "or use engine 'openai'")
+    elif c.engine == "sglang" and c.base_url:
+        p.append(f"[required] {label}: engine 'sglang' starts its own server; remove 'base_url' "
+                 "or use engine 'openai'")
     for key in ("server_args", "launch"):
         v = getattr(c, key)
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):

@@ -8,6 +8,10 @@ from pathlib import Path
 from evals.data import REPO_ROOT
 
 COLLEAGUE_REPORTS = ("property-suite.json", "kill-table.json")
+TABLE_HEAD = ("| configuration | n | accuracy (SE) | delta vs baseline [95% bootstrap CI] | b / c "
+              "| McNemar p (Holm) | symmetry p (Holm) | TOST p [90% CI] | MDD / min margin | agreement "
+              "| logprob drift mean / max | verdict |")
+VERDICT_COLORS = {"PASS": "tab:green", "INCONCLUSIVE": "tab:orange", "FAIL": "tab:red"}
 
 
 def _pts(x, nd=2) -> str:
@@ -24,7 +28,8 @@ def _summarize(obj) -> dict:
     if isinstance(obj, dict):
         if isinstance(obj.get("summary"), dict | str):
             return {"summary": obj["summary"]}
-        out = {k: v for k, v in obj.items() if isinstance(v, str | int | float | bool) or v is None}
+        out = {k: (v[:117] + "..." if isinstance(v, str) and len(v) > 120 else v) for k, v in obj.items()
+               if isinstance(v, str | int | float | bool) or v is None}
         out.update({f"{k} (entries)": len(v) for k, v in obj.items() if isinstance(v, list | dict)})
         return dict(list(out.items())[:20])
     if isinstance(obj, list):
@@ -54,10 +59,10 @@ def find_colleague_reports(out_dir: Path) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------- markdown
 def markdown(rep: dict) -> str:
     g = rep["gate"]
-    L = [f"# Accuracy-parity sign-off: **{rep['verdict']}**", "",
-         f"- matrix: `{rep['matrix']}`; data: `{rep['data_source']}`; subset seed {rep['seed']}; "
-         f"margin +-{g['margin']} pts; alpha {g['alpha']} (Holm over {rep['n_tests']} rejection tests); "
-         f"GSM8K metric `{g['gsm8k_metric']}`; lm-eval {rep['lm_eval_version']}",
+    setup = (f"- matrix: `{rep['matrix']}`; data: `{rep['data_source']}`; subset seed {rep['seed']}; "
+             f"margin +-{g['margin']} pts; alpha {g['alpha']} (Holm over {rep['n_tests']} rejection "
+             f"tests); GSM8K metric `{g['gsm8k_metric']}`; lm-eval {rep['lm_eval_version']}")
+    L = [f"# Accuracy-parity sign-off: **{rep['verdict']}**", "", setup,
          f"- baseline: `{rep['baseline']}`", ""]
     L += ["## Verdicts", "", "| configuration | layout | engine | verdict |", "| --- | --- | --- | --- |"]
     for c in rep["configs"]:
@@ -69,14 +74,11 @@ def markdown(rep: dict) -> str:
         mdd = r["mdd"]
         L.append(f"| {r['task']} | {r['n']} | {_pts(mdd['1%'])} | {_pts(mdd['5%'])} | {_pts(mdd['20%'])} | "
                  f"{_pts(r['smallest_margin_zero_flips'])} |")
-    L += ["", "MDD: minimum detectable difference in accuracy points (power 0.8, alpha 0.05, two-sided), "
-          "for an assumed fraction of items whose correctness flips between the configurations.", ""]
+    L += ["", ("MDD: minimum detectable difference in accuracy points (power 0.8, alpha 0.05, two-sided), "
+               "for an assumed fraction of items whose correctness flips between the configurations."), ""]
     for task in rep["tasks"]:
         rows = [c for c in rep["comparisons"] if c["task"] == task]
-        L += [f"## {task}", "",
-              "| configuration | n | accuracy (SE) | delta vs baseline [95% bootstrap CI] | b / c | McNemar p (Holm) "
-              "| symmetry p (Holm) | TOST p [90% CI] | MDD / min margin | agreement | logprob drift mean / max | verdict |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        L += [f"## {task}", "", TABLE_HEAD, "| --- " * 12 + "|"]
         base = next((c for c in rows), None)
         if base:
             L.append(f"| {base['baseline']} (baseline) | {base['n']} | {_pts(base['acc_base'])} "
@@ -132,14 +134,18 @@ def plot(rep: dict, path: Path) -> None:
         ses = [rows[0]["se_base"]] + [c["se_cfg"] for c in rows]
         ax = axes[0][k]
         xs = range(len(names))
-        ax.errorbar(xs, [100 * a for a in accs], yerr=[196 * (s if s == s else 0) for s in ses], fmt="o", capsize=4)
+        colors = ["gray"] + [VERDICT_COLORS.get(c["verdict"], "black") for c in rows]
+        for x, a, s, col in zip(xs, accs, ses, colors):
+            ax.errorbar([x], [100 * a], yerr=[0 if math.isnan(s) else 196 * s], fmt="o", capsize=4, color=col)
         ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("accuracy (%) +- 95% CI")
+        ax.set_ylabel("accuracy (%) +- 95% CI (color: verdict)")
         ax.set_title(f"{task} (n={rows[0]['n']})")
         ax2 = axes[1][k]
         xs2 = range(len(rows))
-        ax2.bar([x - 0.2 for x in xs2], [c["b_base_only"] for c in rows], width=0.4, label="right only on baseline")
-        ax2.bar([x + 0.2 for x in xs2], [c["c_cfg_only"] for c in rows], width=0.4, label="right only on config")
+        ax2.bar([x - 0.2 for x in xs2], [c["b_base_only"] for c in rows], width=0.4,
+                label="right only on baseline")
+        ax2.bar([x + 0.2 for x in xs2], [c["c_cfg_only"] for c in rows], width=0.4,
+                label="right only on config")
         ax2.set_xticks(list(xs2), names[1:], rotation=30, ha="right", fontsize=8)
         ax2.set_ylabel("discordant items")
         ax2.legend(fontsize=7)

@@ -26,14 +26,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="configuration matrix (TOML/YAML); default: evals/configs/fixture-default.toml")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="local data in the layout of ../shared/data; default: the Hugging Face hub")
-    p.add_argument("--mmlu-limit", type=int, default=None, help="MMLU items (stratified by subject); default all")
+    p.add_argument("--mmlu-limit", type=int, default=None,
+                   help="MMLU items (stratified by subject); default all")
     p.add_argument("--gsm8k-limit", type=int, default=None, help="GSM8K items (seeded subset); default all")
     p.add_argument("--tasks", default="mmlu,gsm8k", help="comma-separated subset of mmlu,gsm8k")
     p.add_argument("--out", type=Path, default=Path("runs/signoff"), help="cache, logs and report")
     p.add_argument("--margin", type=float, default=None, help="equivalence margin in accuracy points "
                    "(default: the matrix's [gate] margin, else 1.0)")
     p.add_argument("--alpha", type=float, default=None, help="significance level (default 0.05)")
-    p.add_argument("--aa", action="store_true", help="also rerun the baseline (A/A) to measure its nondeterminism")
+    p.add_argument("--aa", action="store_true",
+                   help="also rerun the baseline (A/A) to measure its nondeterminism")
     p.add_argument("--seed", type=int, default=1234, help="subset seed (same seed = same documents)")
     p.add_argument("--max-gen-toks", type=int, default=256, help="GSM8K generation budget")
     p.add_argument("--chunk-size", type=int, default=8, help="samples per engine call and cache write")
@@ -189,14 +191,16 @@ def run(args) -> int:
         "timing_s": {**timing, "total": round(time.monotonic() - t0, 2)},
         "max_gen_toks": args.max_gen_toks,
     }
-    code = EXIT_FAIL if overall == "FAIL" else (EXIT_FAIL if overall == "INCONCLUSIVE" and args.strict else EXIT_PASS)
+    failed = overall == "FAIL" or (overall == "INCONCLUSIVE" and args.strict)
+    code = EXIT_FAIL if failed else EXIT_PASS
     rep["exit_code"] = code
     files = report.write(rep, args.out)
     print(f"\nVerdict: {overall}")
     for x in all_cmp:
         tag = " (A/A)" if x["kind"] == "aa" else ""
         print(f"  {x['config']}{tag} / {x['task']}: {x['verdict']} "
-              f"(acc {100 * x['acc_base']:.2f} -> {100 * x['acc_cfg']:.2f}, delta {100 * x['delta']:+.2f} pts)")
+              f"(acc {100 * x['acc_base']:.2f} -> {100 * x['acc_cfg']:.2f}, "
+              f"delta {100 * x['delta']:+.2f} pts)")
         for r in x["reasons"]:
             print(f"    - {r}")
     for n in aa_notes + [f for f in findings if f not in aa_notes]:

@@ -77,9 +77,10 @@ def bowker_symmetry(table, n_mc: int = 20000, seed: int = 0, exact_limit: int = 
 
     Used on the table (baseline answer x configuration answer): an engine bug that favours one
     answer (a bias on one token) makes flips one-directional. The statistic matches statsmodels'
-    ``SquareTable(table, shift_zeros=False).symmetry()``; the p-value used is exact conditional on the pair totals (under H0
-    n_ij ~ Bin(n_ij + n_ji, 1/2)), by enumeration when small and by seeded Monte Carlo otherwise,
-    because the chi-square approximation is anti-conservative for the few flips a healthy engine has.
+    ``SquareTable(table, shift_zeros=False).symmetry()``; the p-value used is exact conditional on the
+    pair totals (under H0 n_ij ~ Bin(n_ij + n_ji, 1/2)), by enumeration when small and by seeded Monte
+    Carlo otherwise, because the chi-square approximation is anti-conservative for the few flips a
+    healthy engine has.
     """
     t = np.asarray(table, dtype=float)
     k = t.shape[0]

@@ -9,9 +9,11 @@ the catalog in shared BUGS.md (ids in comments), run as plain parametrized tests
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, note, reject, strategies as st
+from hypothesis import given, note, reject
+from hypothesis import strategies as st
 
-from checks.batches import Batch, Request as R
+from checks.batches import Batch
+from checks.batches import Request as R
 from checks.parity import run_example
 from checks.targets.protocol import resolve
 from checks.topology import Layout

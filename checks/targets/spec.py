@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from checks.batches import MAX_LEN, SUM_LEN, ceil_align, padding_mode
-from checks.targets.protocol import BuildEnv, Step, UNITS
+from checks.batches import SUM_LEN, ceil_align, padding_mode
+from checks.targets.protocol import UNITS, BuildEnv, Step
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

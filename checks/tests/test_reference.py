@@ -74,7 +74,7 @@ def test_units_equal_the_hf_modules_run_directly(name):
             layer = hf_model(name, dt).model.layers[layer_i]
             rotary = hf_model(name, dt).model.rotary_emb
             a_want, d_want, mlp_in = [], [], []
-            hook = layer.mlp.register_forward_pre_hook(lambda mod, args: mlp_in.append(args[0][0]))
+            hook = layer.mlp.register_forward_pre_hook(lambda mod, args, mlp_in=mlp_in: mlp_in.append(args[0][0]))
             try:
                 for (_, _, r), h in zip(BATCH.requests_flat(), seqs):
                     h = h.to(dt)[None]

@@ -43,11 +43,17 @@ def check_available(config) -> None:
     if config.factory:
         if not callable(import_object(config.factory)):
             raise EngineError(f"config {config.name!r}: factory {config.factory!r} is not callable")
-    elif config.target != HF_TARGET and not model_server_available():
-        raise EngineError(
-            f"config {config.name!r}: target {config.target!r} needs the in-process parallel engine "
-            "checks.serve.ModelServer, which is not available in this checkout yet; use "
-            f"target = {HF_TARGET!r} for the single-device transformers engine")
+    elif config.target != HF_TARGET:
+        if not model_server_available():
+            raise EngineError(
+                f"config {config.name!r}: target {config.target!r} needs the in-process parallel engine "
+                "checks.serve.ModelServer, which is not available in this checkout yet; use "
+                f"target = {HF_TARGET!r} for the single-device transformers engine")
+        if ":" in config.target:  # a plug-in target: importable now, not after the baseline ran
+            try:
+                import_object(config.target)
+            except EngineError as e:
+                raise EngineError(f"config {config.name!r}: target: {e}") from None
 
 
 def make_engine(config) -> ForwardEngine:

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Self
 
 from evals.engines.base import EngineError
 
@@ -67,16 +68,14 @@ class SGLangServer:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> SGLangServer:
+    def start(self) -> Self:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        except OSError as e:
-            raise EngineError(f"cannot start {self.command[0]}: {e}") from e
-        finally:
-            log.close()
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            try:
+                self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as e:
+                raise EngineError(f"cannot start {self.command[0]}: {e}") from e
         return self
 
     def healthy(self) -> bool:
@@ -124,7 +123,7 @@ class SGLangServer:
         if proc.poll() is None:
             proc.wait(timeout=10)
 
-    def __enter__(self) -> SGLangServer:
+    def __enter__(self) -> Self:
         self.start()
         try:
             self.wait_healthy()

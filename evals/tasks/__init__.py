@@ -33,7 +33,8 @@ def task_yaml(name: str) -> dict:
 
 
 def mmlu_description(subject: str) -> str:
-    return f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+    words = subject.replace("_", " ")
+    return f"The following are multiple choice questions (with answers) about {words}.\n\n"
 
 
 def mmlu_config(subject: str) -> dict:

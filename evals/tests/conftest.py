@@ -24,7 +24,7 @@ def _datasets_cache(tmp_path_factory):
     os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf-datasets-cache"))
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _one_torch_thread():
     """Tiny models: one intra-op thread is fastest, and avoids OpenMP spinning on a busy 2-core box."""
     import torch

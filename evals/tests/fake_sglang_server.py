@@ -59,7 +59,8 @@ class Handler(BaseHTTPRequestHandler):
                 toks = list(toks) + [0]
                 lps = [None] + [logprob(t, p) for p, t in enumerate(toks) if p > 0]
                 tops = [None] + [{"x": max(lp, -0.5)} for lp in lps[1:]]
-                choices.append({"index": i, "text": "", "logprobs": {"token_logprobs": lps, "top_logprobs": tops}})
+                logprobs = {"token_logprobs": lps, "top_logprobs": tops}
+                choices.append({"index": i, "text": "", "logprobs": logprobs})
             else:
                 choices.append({"index": i, "text": ANSWER})
         self._send(200, {"choices": choices})

@@ -38,27 +38,33 @@ def counting_engine(config):
     return CountingEngine(HFForwardEngine(config.model_path, config.dtype))
 
 
-def _token_id(model_dir: str, text: str) -> int:
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(model_dir).encode(text, add_special_tokens=False)
-    assert len(ids) == 1, f"{text!r} is not one token: {ids}"
-    return ids[0]
+def _last_token_id(tokenizer, text: str) -> int:
+    return tokenizer.encode(text, add_special_tokens=False)[-1]
 
 
-BIAS = {"text": " B", "logit": 8.0}
+BIAS = {"logit": 12.0, "letter": None}  # "letter": the answer the bias favours (set by biased_engine)
 
 
 def biased_engine(config):
-    """A 'double reduction'-style bug: one answer token's logit gets an extra bias at every position."""
-    tok = _token_id(config.model_path, BIAS["text"])
+    """A 'double reduction'-style bug: one answer letter's logit gets an extra bias at every position.
+
+    The letter is the one the clean model likes least after "Answer:", so the bias must move answers.
+    """
+    from transformers import AutoTokenizer
+
+    inner = HFForwardEngine(config.model_path, config.dtype)
+    tok = AutoTokenizer.from_pretrained(config.model_path)
+    ids = {x: _last_token_id(tok, f" {x}") for x in "ABCD"}
+    last = inner.forward([tok.encode("Question: which one?\nAnswer:", add_special_tokens=False)])[0][-1]
+    letter = min(ids, key=lambda x: float(last[ids[x]]))
+    BIAS["letter"] = letter
 
     def perturb(x: torch.Tensor) -> torch.Tensor:
         x = x.clone()
-        x[:, tok] += BIAS["logit"]
+        x[:, ids[letter]] += BIAS["logit"]
         return x
 
-    return CountingEngine(HFForwardEngine(config.model_path, config.dtype), perturb)
+    return CountingEngine(inner, perturb)
 
 
 def scaled_engine(config):

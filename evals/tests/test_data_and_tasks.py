@@ -45,7 +45,8 @@ def test_missing_dir_and_files(tmp_path):
     ("mmlu/test.jsonl", "{not json", r"test\.jsonl:58: not valid JSON"),
     ("mmlu/test.jsonl", {"subject": "anatomy", "question": "q", "choices": ["a"], "answer": 0},
      "choices' must be a list of 4"),
-    ("mmlu/test.jsonl", {"subject": "anatomy", "question": "q", "choices": list("abcd")}, "missing field 'answer'"),
+    ("mmlu/test.jsonl", {"subject": "anatomy", "question": "q", "choices": list("abcd")},
+     "missing field 'answer'"),
     ("mmlu/test.jsonl", dict(MMLU_ROW, answer=7), "'answer' must be 0..3"),
     ("gsm8k/test.jsonl", {"question": "q", "answer": "no marker"}, r"does not end with '#### <number>'"),
 ])
@@ -88,9 +89,9 @@ def test_gsm8k_first_item_is_janets_ducks(taskset):
 
 
 def _lm_eval_builtin(name: str) -> dict:
-    import lm_eval
-
     from pathlib import Path
+
+    import lm_eval
 
     root = Path(lm_eval.__file__).parent / "tasks"
     if name == "gsm8k":
@@ -109,7 +110,7 @@ def test_prompts_equal_lm_eval_builtin_tasks(taskset):
     for subject, index in [("abstract_algebra", 0), ("high_school_psychology", 17), ("virology", 3)]:
         cfg = _lm_eval_builtin(subject)
         splits = {sp: taskset.mmlu_rows(subject, sp) for sp in ("test", "dev")}
-        cfg["custom_dataset"] = lambda **_: taskset._dataset_dict(splits)
+        cfg["custom_dataset"] = lambda splits=splits, **_: taskset._dataset_dict(splits)
         ref = ConfigurableTask(config=cfg)
         doc = ref.test_docs()[index]
         ctx = ref.fewshot_context(doc, num_fewshot=5)
@@ -165,7 +166,8 @@ def test_hub_path_loads_cais_mmlu_per_subject_and_openai_gsm8k(monkeypatch, eval
         calls.append((path, name))
         if path == "cais/mmlu":
             return {sp: [{k: v for k, v in r.items() if k != "subject"}
-                         for r in eval_data.rows("mmlu", sp) if r["subject"] == name] for sp in ("test", "dev")}
+                         for r in eval_data.rows("mmlu", sp) if r["subject"] == name]
+                    for sp in ("test", "dev")}
         assert (path, name) == ("openai/gsm8k", "main")
         return {sp: eval_data.rows("gsm8k", sp) for sp in ("test", "train")}
 

@@ -80,7 +80,8 @@ def test_registered_with_lm_eval_and_simple_evaluate(lm, taskset):
     tm = TaskManager(include_defaults=False, include_path=str(HERE))
     assert "dpep_gsm8k" in tm.all_tasks
     task = taskset.gsm8k_task()
-    res = simple_evaluate(model=lm, tasks=[task], limit=1, log_samples=True, bootstrap_iters=0, task_manager=tm)
+    res = simple_evaluate(model=lm, tasks=[task], limit=1, log_samples=True, bootstrap_iters=0,
+                          task_manager=tm)
     (sample,) = res["samples"]["dpep_gsm8k"][:1]
     assert sample["doc"]["question"].startswith("Janet’s ducks")
     assert "exact_match,flexible-extract" in res["results"]["dpep_gsm8k"]

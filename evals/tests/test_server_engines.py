@@ -51,10 +51,12 @@ def fake_env(monkeypatch, tmp_path):
 
 def test_sglang_flags_per_layout():
     assert sglang_args("/m", 4, 1, 1, "bfloat16", "127.0.0.1", 30000) == [
-        "--model-path", "/m", "--tp-size", "4", "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", "30000"]
+        "--model-path", "/m", "--tp-size", "4", "--dtype", "bfloat16", "--host", "127.0.0.1",
+        "--port", "30000"]
     args = sglang_args("/m", 4, 4, 4, "auto", "127.0.0.1", 30001, ["--mem-fraction-static", "0.8"])
     assert args == ["--model-path", "/m", "--tp-size", "4", "--dp-size", "4", "--enable-dp-attention",
-                    "--ep-size", "4", "--host", "127.0.0.1", "--port", "30001", "--mem-fraction-static", "0.8"]
+                    "--ep-size", "4", "--host", "127.0.0.1", "--port", "30001",
+                    "--mem-fraction-static", "0.8"]
     assert completions_url("http://h:1") == "http://h:1/v1/completions"
     assert completions_url("http://h:1/v1/") == "http://h:1/v1/completions"
 
@@ -80,9 +82,8 @@ def test_never_healthy_is_an_error_with_the_log_tail_not_a_hang(fake_env, tmp_pa
     fake_env("never")
     srv = SGLangServer("/m", log_path=tmp_path / "s.log", launch=LAUNCH, health_timeout_s=1.5, poll_s=0.1)
     t = time.monotonic()
-    with pytest.raises(EngineError) as e:
-        with srv:
-            pytest.fail("must not get here")
+    with pytest.raises(EngineError) as e, srv:
+        pytest.fail("must not get here")
     assert 1.4 < time.monotonic() - t < 15
     assert "not healthy" in str(e.value) and "fake sglang: mode=never" in str(e.value)
     assert srv.proc is None and wait_gone(int((tmp_path / "child.pid").read_text()))
@@ -90,19 +91,18 @@ def test_never_healthy_is_an_error_with_the_log_tail_not_a_hang(fake_env, tmp_pa
 
 def test_server_that_dies_is_reported_with_its_log(fake_env, tmp_path):
     fake_env("crash")
-    with pytest.raises(EngineError) as e:
-        with SGLangServer("/m", log_path=tmp_path / "s.log", launch=LAUNCH, health_timeout_s=30, poll_s=0.1):
-            pass
+    srv = SGLangServer("/m", log_path=tmp_path / "s.log", launch=LAUNCH, health_timeout_s=30, poll_s=0.1)
+    with pytest.raises(EngineError) as e, srv:
+        pass
     assert "exited with code 3" in str(e.value) and "CUDA error" in str(e.value)
 
 
 def test_exception_inside_the_block_still_tears_down(fake_env, tmp_path):
     fake_env("ok")
     srv = SGLangServer("/m", log_path=tmp_path / "s.log", launch=LAUNCH, health_timeout_s=20, poll_s=0.1)
-    with pytest.raises(KeyboardInterrupt):
-        with srv:
-            leader = srv.proc.pid
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), srv:
+        leader = srv.proc.pid
+        raise KeyboardInterrupt
     assert wait_gone(leader) and wait_gone(int((tmp_path / "child.pid").read_text()))
 
 
@@ -148,7 +148,8 @@ health_timeout_s = 30
         rep = json.loads((out / "signoff.json").read_text())
         assert {c["config"] for c in rep["comparisons"]} == {"sglang-dpa"}
         assert all(c["agreement"] == 1.0 for c in rep["comparisons"])
-        gsm = [json.loads(x)["record"] for x in (out / "cache" / "served" / "gsm8k.jsonl").read_text().splitlines()]
+        lines = (out / "cache" / "served" / "gsm8k.jsonl").read_text().splitlines()
+        gsm = [json.loads(x)["record"] for x in lines]
         assert all(r["extracted"]["strict-match"] == "18" for r in gsm)
         log = (out / "logs" / "sglang-dpa.server.log").read_text()
         assert "fake sglang: mode=ok" in log

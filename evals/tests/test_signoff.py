@@ -87,7 +87,7 @@ def test_biased_engine_fails_and_says_why(tmp_path, tiny_model, data_dir, shared
     rep = _report(shared_out)
     mmlu = next(c for c in rep["comparisons"] if c["task"] == "mmlu")
     assert mmlu["verdict"] == "FAIL" and rep["verdict"] == "FAIL"
-    assert any("answers shift systematically" in r and "->B" in r for r in mmlu["reasons"]), mmlu["reasons"]
+    assert any("answers shift systematically" in r and f"->{helpers.BIAS['letter']}" in r for r in mmlu["reasons"]), mmlu["reasons"]
     assert "answers shift systematically" in (shared_out / "signoff.md").read_text()
     assert "Verdict: FAIL" in out
 
@@ -146,13 +146,12 @@ def test_bad_input_exits_2_before_any_work(tmp_path, tiny_model, data_dir, count
     err = capsys.readouterr().err
     assert "[tp%dp]" in err and "[one-baseline]" in err
     spec = tmp_path / "spec.toml"
-    spec.write_text(f'[[config]]\nname = "a"\nbaseline = true\nmodel = "{tiny_model}"\ntarget = "no.such:thing"\n')
-    from evals.engines.inproc import model_server_available
-
-    if not model_server_available():
-        assert main(["signoff", "--matrix", str(spec), "--data-dir", str(data_dir), "--out",
-                     str(tmp_path / "o"), *LIMITS]) == 2
-        assert "checks.serve.ModelServer" in capsys.readouterr().err
+    spec.write_text(f'[[config]]\nname = "a"\nbaseline = true\nmodel = "{tiny_model}"\n'
+                    'target = "no.such:thing"\n')
+    assert main(["signoff", "--matrix", str(spec), "--data-dir", str(data_dir), "--out",
+                 str(tmp_path / "o"), *LIMITS]) == 2
+    err = capsys.readouterr().err
+    assert "checks.serve.ModelServer" in err or "cannot import 'no.such'" in err
     assert counting["sequences"] == 0 and not (tmp_path / "o" / "cache").exists()
 
 
@@ -161,9 +160,11 @@ def test_colleague_reports_are_embedded(tmp_path, tiny_model, data_dir, counting
     (out / "reports").mkdir(parents=True)
     (out / "reports" / "kill-table.json").write_text(json.dumps(
         [{"mutant": "double-reduce", "killed": True}, {"mutant": "skip-scatter", "killed": False}]))
-    (out / "reports" / "property-suite.json").write_text(json.dumps({"passed": 40, "failed": 0, "cases": [1, 2]}))
+    (out / "reports" / "property-suite.json").write_text(
+        json.dumps({"passed": 40, "failed": 0, "cases": [1, 2]}))
     m = write_matrix(tmp_path / "m.toml", tiny_model)
     main(["signoff", "--matrix", str(m), "--data-dir", str(data_dir), "--out", str(out), "--tasks", "gsm8k",
           "--gsm8k-limit", "2", "--max-gen-toks", "4", "--no-progress"])
     md = (out / "signoff.md").read_text()
-    assert "kill-table.json" in md and "by killed" in md and "property-suite.json" in md and "passed: 40" in md
+    assert "kill-table.json" in md and "by killed" in md
+    assert "property-suite.json" in md and "passed: 40" in md
