@@ -1,8 +1,10 @@
 """Suite-wide options and hypothesis profiles.
 
 Options: --target (spec, or package.module:object), --world-sizes, --dtypes, --fixtures, --device,
---deadline. Profiles: ci (derandomized, the default), dev, fuzz (random seeds, database kept), release;
-choose with --hypothesis-profile or DPEP_PROFILE.
+--deadline. Profiles: ci (derandomized, the default), dev, fuzz (random seeds, database kept), release,
+gpu (derandomized, more examples: for `--device cuda` runs, docs/gpu.md); choose with --hypothesis-profile
+or DPEP_PROFILE. The `gpu` marker tags the production-size tier (property_tests/test_gpu.py), which skips
+without CUDA.
 """
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ settings.register_profile("dev", max_examples=30, deadline=None, print_blob=True
 settings.register_profile("fuzz", max_examples=500, deadline=None, print_blob=True, suppress_health_check=_SLOW,
                           database=DirectoryBasedExampleDatabase(".hypothesis/fuzz-examples"))
 settings.register_profile("release", derandomize=True, max_examples=150, deadline=None, database=None,
+                          print_blob=True, suppress_health_check=_SLOW)
+# GPU runners: examples are cheap on the device once the worlds are up, so search more of them; still
+# derandomized, so a device run is reproducible. The production-size tier (test_gpu.py) takes a quarter.
+settings.register_profile("gpu", derandomize=True, max_examples=40, deadline=None, database=None,
                           print_blob=True, suppress_health_check=_SLOW)
 settings.load_profile(os.environ.get("DPEP_PROFILE", "ci"))
 if os.environ.get("DPEP_MAX_EXAMPLES"):   # e.g. a time-boxed fuzz run
@@ -43,6 +49,8 @@ def pytest_configure(config):
     profile = config.getoption("--hypothesis-profile", default=None)
     if profile:
         settings.load_profile(profile)
+    config.addinivalue_line("markers", "gpu: production-size tier, needs CUDA (--device cuda|auto); "
+                                       "skipped on CPU runs")
     device = config.getoption("--device")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if device in ("cuda", "auto") and worker:
@@ -51,6 +59,52 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    return (f"dpep: target={config.getoption('--target')} device={config.getoption('--device')} "
+    sizes = [int(w) for w in config.getoption("--world-sizes").split(",") if w]
+    return [f"dpep: target={config.getoption('--target')} device={config.getoption('--device')} "
             f"world sizes={config.getoption('--world-sizes')} dtypes={config.getoption('--dtypes')} "
-            f"hypothesis profile={settings._current_profile}")
+            f"hypothesis profile={settings._current_profile}",
+            device_header(config.getoption("--device"), sizes, config)]
+
+
+def device_header(device: str, sizes: list[int], config) -> str:
+    """Which GPUs each test process gets and which backend each world size uses (checks.world), read
+    with nvidia-smi: nothing initializes CUDA in the controller."""
+    from checks.world import describe_backends
+    if device == "cpu":
+        return "dpep worlds: " + describe_backends(sizes, 0)
+    from checks.gpus import visible_gpus, worker_slice
+    gpus = visible_gpus()
+    if not gpus:
+        if device == "cuda":
+            return "dpep worlds: --device cuda but no GPU is visible (worlds will fail to start)"
+        return "dpep worlds: --device auto, no GPU visible: " + describe_backends(sizes, 0)
+    n = getattr(config.option, "numprocesses", None)
+    workers = n if isinstance(n, int) and n > 0 else 1
+    mine = worker_slice(gpus, 0, workers)
+    share = f", one GPU shared by ~{-(-workers // len(gpus))} workers" if workers > len(gpus) else ""
+    return (f"dpep GPUs: {len(gpus)} visible [{','.join(gpus)}], {workers} test process(es), "
+            f"{len(mine)} GPU(s) each (CUDA_VISIBLE_DEVICES per xdist worker{share}); worlds: "
+            + describe_backends(sizes, len(mine)))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Leave reports/property-suite.json for the sign-off report to embed (property tests only)."""
+    if hasattr(config, "workerinput"):
+        return
+    stats = terminalreporter.stats
+    props = {k: [r for r in stats.get(k, []) if "property_tests" in getattr(r, "nodeid", "")]
+             for k in ("passed", "failed", "skipped", "error")}
+    if not any(props.values()):
+        return
+    import json
+    import pathlib
+    import time
+    counts = {k: len(v) for k, v in props.items()}
+    out = pathlib.Path(config.rootpath) / "reports"
+    out.mkdir(exist_ok=True)
+    (out / "property-suite.json").write_text(json.dumps({
+        "summary": f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+                   f"(target {config.getoption('--target')}, profile {settings._current_profile}, "
+                   f"world sizes {config.getoption('--world-sizes')})",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts,
+        "failed_tests": [r.nodeid for r in props["failed"]]}, indent=2))

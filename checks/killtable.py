@@ -105,7 +105,9 @@ def build_table(rows: dict, ids: list[str]) -> dict:
                      "killed": r["rc"] not in (0, 5), "property": r["property"], "test": r["test"],
                      "seconds": r["seconds"], "message": r["message"]})
     spec = rows["spec"]
-    return {"spec_passed": spec["rc"] == 0, "spec_seconds": spec["seconds"], "spec_message": spec["message"],
+    killed = sum(m["killed"] for m in muts)
+    return {"summary": f"spec {'passes' if spec['rc'] == 0 else 'FAILS'}; {killed} of {len(muts)} mutants killed",
+            "spec_passed": spec["rc"] == 0, "spec_seconds": spec["seconds"], "spec_message": spec["message"],
             "expressible": len(muts), "killed": sum(m["killed"] for m in muts), "mutants": muts,
             "not_expressed": NOT_EXPRESSED}
 

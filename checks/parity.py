@@ -6,6 +6,7 @@ dtypes, expert dispatch counts, the padding-mode rule, and collective discipline
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +66,16 @@ def row_labels(batch: Batch, layout: Layout, ranks: list[int]) -> list[str]:
     return out
 
 
+def token_keys(batch: Batch, layout: Layout, ranks: list[int]) -> list[tuple]:
+    """(dp rank, request, position) per output row: equal for the replicas of one token."""
+    out = []
+    for r in ranks:
+        d = layout.dp_rank(r)
+        for i, req in enumerate(batch.per_dp[d]):
+            out += [(d, i, t) for t in range(req.extend)]
+    return out
+
+
 def oracle_rows(ref: torch.Tensor, batch: Batch, layout: Layout, ranks: list[int]) -> torch.Tensor:
     """The oracle's rows (global order) arranged as the concatenation of the given ranks' outputs."""
     counts = batch.tokens_per_dp()
@@ -99,7 +110,11 @@ def excused_rows(uref: UnitRef, batch: Batch, unit: str, top_k: int, dtype) -> t
 
 
 def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: Batch, dtype: str,
-                layer: int = 0, device: str = "cpu", deadline_s: float = 120.0) -> ParityResult:
+                layer: int = 0, device: str = "cpu", deadline_s: float = 120.0,
+                truth_device: str | None = None) -> ParityResult:
+    """`device`: where the ranks run ('cpu' | 'cuda' | 'auto'); the oracle's reference in the test dtype
+    runs on the same kind of device (same kernels, same rounding), its float64 truth on `truth_device`
+    (default: the same)."""
     config, _ = load_weights(str(model_dir))
     validate(layout, config)
     res = ParityResult(unit, layout, batch, dtype)
@@ -119,29 +134,36 @@ def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: B
     except WorldFailure as e:
         res.checks.append(Check("liveness" if e.kind in ("hang", "deadline", "died") else "no-crash", False, str(e)))
         return res
-    judge(res, results, config, model_dir, layer)
+    judge(res, results, config, model_dir, layer, device=world.rank_device,
+          truth_device=truth_device or os.environ.get("DPEP_TRUTH_DEVICE") or None)
     return res
 
 
-def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir, layer: int):
+def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir, layer: int,
+          device: str = "cpu", truth_device: str | None = None):
     unit, layout, batch, dtype = res.unit, res.layout, res.batch, res.dtype
     dt = DTYPES[dtype]
     res.checks.append(collective_discipline(results, layout))
-    oracle = Oracle(str(model_dir), dtype)
+    oracle = Oracle(str(model_dir), dtype, device, truth_device)
     if unit == "model":
-        uref = oracle.model(batch, seq_token_ids(batch, config["vocab_size"]))
+        ids = seq_token_ids(batch, config["vocab_size"])
+        uref = oracle.model(batch, ids)
+        variants = oracle.variants(unit, layer, batch, ids)
     else:
         seqs = seq_inputs(batch, config["hidden_size"], dt)
         if unit == "moe":
             x = torch.cat([s[r.prefix:] for (_, _, r), s in zip(batch.requests_flat(), seqs)]) if seqs else \
                 torch.zeros(0, config["hidden_size"], dtype=dt)
             uref = oracle.mlp(layer, x)
+            variants = oracle.variants(unit, layer, batch, [x])
             sizes = [r.extend for _, _, r in batch.requests_flat()]   # split rows back into requests
             uref.router = [(list(p.split(sizes)), list(q.split(sizes))) for p, q in uref.router]
         elif unit == "attention":
             uref = oracle.attention(layer, batch, seqs)
         else:
             uref = oracle.decoder(layer, batch, seqs)
+        if unit != "moe":
+            variants = oracle.variants(unit, layer, batch, seqs)
     key = "logits" if unit == "model" else "out"
     ranks = list(range(layout.tp))
     # exact: each rank returns exactly its DP rank's rows, in the test dtype
@@ -165,7 +187,9 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
     excused = oracle_rows(ex_global[:, None].to(torch.float64), batch, layout, ranks)[:, 0].bool()
     fan_in = layout.tp
     v = numerics.compare(f"{unit} layer {layer}" if unit != "model" else "model logits", sut, truth, ref, dt,
-                         fan_in=fan_in, excused=excused, labels=row_labels(batch, layout, ranks))
+                         fan_in=fan_in, excused=excused, labels=row_labels(batch, layout, ranks),
+                         ref_variants=[oracle_rows(a, batch, layout, ranks) for a in variants],
+                         clusters=token_keys(batch, layout, ranks))
     res.verdict = v
     res.checks.append(Check("parity", v.ok, "; ".join(v.reasons)))
     if unit == "model":

@@ -2,6 +2,11 @@
 engine under test shares. Loaded from the fixture directory (never cast in memory: transformers keeps the
 rotary inv_freq in fp32 on load) in float64 for the truth and in the test dtype for the reference.
 
+Devices: the reference (test dtype) runs on the device of the system under test, so that its rounding is
+the rounding of the same kernels (cuBLAS on CUDA, which may reduce bf16 GEMMs in another order than the
+CPU does); the float64 truth may run anywhere (`truth_device`, default: the same device). Inputs are CPU
+tensors; every tensor a UnitRef holds is back on the CPU.
+
 Rows are the extend tokens of every request, in global order (DP rank, then request, then position).
 """
 from __future__ import annotations
@@ -25,7 +30,7 @@ class UnitRef:
 
 
 @functools.lru_cache(maxsize=8)
-def load_model(model_dir: str, dtype: str):
+def load_model(model_dir: str, dtype: str, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
@@ -34,20 +39,38 @@ def load_model(model_dir: str, dtype: str):
         m = AutoModelForCausalLM.from_pretrained(model_dir, experts_implementation="eager", **kw)
     except TypeError:   # transformers 4.x has no experts_implementation
         m = AutoModelForCausalLM.from_pretrained(model_dir, **kw)
+    if device != "cpu":
+        m = m.to(device)   # moves storage only: the fp32 rotary inv_freq stays fp32
     return m.eval()
 
 
-def _causal_mask(n: int, dtype: torch.dtype) -> torch.Tensor:
-    m = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)
+def resolve_device(device: str | None) -> str:
+    """'cpu', 'cuda' (the current CUDA device of this process), 'cuda:N', or 'auto'."""
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
+def _causal_mask(n: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+    m = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
     return m[None, None]
 
 
+def _dev(model) -> torch.device:
+    return next(model.parameters()).device
+
+
 class Oracle:
-    def __init__(self, model_dir: str, dtype: str):
+    """`device`: where the reference in the test dtype runs (the system under test's device);
+    `truth_device`: where the float64 truth runs (default: `device`)."""
+
+    def __init__(self, model_dir: str, dtype: str, device: str = "cpu", truth_device: str | None = None):
         self.dir, self.dtype_name = str(model_dir), dtype
         self.dtype = DTYPES[dtype]
-        self.truth_model = load_model(self.dir, "float64")
-        self.ref_model = load_model(self.dir, dtype)
+        self.device = resolve_device(device)
+        self.truth_device = resolve_device(truth_device) if truth_device else self.device
+        self.truth_model = load_model(self.dir, "float64", self.truth_device)
+        self.ref_model = load_model(self.dir, dtype, self.device)
         self.config = self.truth_model.config
 
     def _both(self):
@@ -60,7 +83,7 @@ class Oracle:
         for model, dt in self._both():
             block = model.model.layers[layer].mlp
             with _RouterTap(model) as tap:
-                outs.append(block(x.to(dt)[None]).reshape(x.shape[0], -1))
+                outs.append(block(x.to(dt).to(_dev(model))[None]).reshape(x.shape[0], -1).cpu())
             probs.append(tap.probs(layer))
         return UnitRef(outs[0], outs[1], [tuple(probs)] if probs[0] is not None else [])
 
@@ -78,13 +101,14 @@ class Oracle:
         res = []
         for model, dt in self._both():
             rows, taps = [], []
+            dev = _dev(model)
             for (_, _, req), h in zip(batch.requests_flat(), seqs):
-                pos = torch.arange(req.total)[None]
-                h = h.to(dt)[None]
+                pos = torch.arange(req.total, device=dev)[None]
+                h = h.to(dt).to(dev)[None]
                 pe = model.model.rotary_emb(h, pos)
                 with _RouterTap(model) as tap:
-                    out = fn(model, h, pe, _causal_mask(req.total, dt))
-                rows.append(out[0, req.prefix:])
+                    out = fn(model, h, pe, _causal_mask(req.total, dt, dev))
+                rows.append(out[0, req.prefix:].cpu())
                 taps.append([tap.probs(i, start=req.prefix) for i in layers])
             res.append((_cat(rows, self.config.hidden_size, dt), taps))
         router = _merge_router(res[0][1], res[1][1], len(layers))
@@ -104,18 +128,52 @@ class Oracle:
                          for i, layer in enumerate(model.model.layers)]
                 try:   # hooks, not output_hidden_states: its last entry is after the final norm
                     with _RouterTap(model) as tap:
-                        out = model(input_ids=ids[None])
+                        out = model(input_ids=ids[None].to(_dev(model)))
                 finally:
                     for h in hooks:
                         h.remove()
-                logits.append(out.logits[0, req.prefix:])
+                logits.append(out.logits[0, req.prefix:].cpu())
                 for i in range(n_layers):
-                    hidden[i].append(outs[i][0, req.prefix:])
+                    hidden[i].append(outs[i][0, req.prefix:].cpu())
                 taps.append([tap.probs(i) for i in range(n_layers)])
             v = self.config.vocab_size
             res.append((_cat(logits, v, dt), [_cat(h, self.config.hidden_size, dt) for h in hidden], taps))
         router = _merge_router(res[0][2], res[1][2], n_layers)
         return UnitRef(res[0][0], res[1][0], router, res[0][1], res[1][1])
+
+
+    @torch.no_grad()
+    def variants(self, unit: str, layer: int, batch: Batch, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The reference in the test dtype again, with the same rows computed among decoy rows or decoy
+        requests: GEMM blocking depends on the batch, so one token's rounding differs with its company
+        (measured: a qwen3-moe MoE row's fp32 error went from 1.3e-7 alone to 5.9e-7 among 8 rows).
+        Together with the plain reference these sample the error one device legitimately makes."""
+        model, dt = self.ref_model, self.dtype
+        dev, g = _dev(model), torch.Generator().manual_seed(batch.seed + 1)
+        out = []
+        if unit == "moe":
+            x = inputs[0]
+            block = model.model.layers[layer].mlp
+            for extra in (1, 7):
+                decoys = torch.randn(extra, x.shape[1], generator=g, dtype=torch.float64).to(dt)
+                y = block(torch.cat([x.to(dt), decoys]).to(dev)[None])[0, : x.shape[0]]
+                out.append(y.cpu())
+            return out
+        rows = []
+        for (_, _, req), t in zip(batch.requests_flat(), inputs):
+            if unit == "model":
+                ids = torch.stack([t, *torch.randint(0, self.config.vocab_size, (2, t.shape[0]), generator=g)])
+                rows.append(model(input_ids=ids.to(dev)).logits[0, req.prefix:].cpu())
+                continue
+            h = torch.stack([t.to(dt), *(torch.randn(2, *t.shape, generator=g, dtype=torch.float64).to(dt))]).to(dev)
+            pe = model.model.rotary_emb(h, torch.arange(req.total, device=dev)[None])
+            mask = _causal_mask(req.total, dt, dev)
+            lay = model.model.layers[layer]
+            y = lay.self_attn(hidden_states=h, position_embeddings=pe, attention_mask=mask)[0] if unit == "attention" \
+                else lay(h, attention_mask=mask, position_embeddings=pe)
+            rows.append(y[0, req.prefix:].cpu())
+        cols = self.config.vocab_size if unit == "model" else self.config.hidden_size
+        return [_cat(rows, cols, dt)]
 
 
 def _keep_output(store: dict, i: int):
@@ -162,7 +220,7 @@ class _RouterTap:
     def probs(self, layer: int, start: int = 0):
         if layer not in self.logits:
             return None
-        return torch.softmax(self.logits[layer].to(torch.float64), dim=-1)[start:]
+        return torch.softmax(self.logits[layer].to(torch.float64), dim=-1)[start:].cpu()
 
     def __exit__(self, *exc):
         for h in self.handles:

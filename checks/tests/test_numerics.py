@@ -220,3 +220,20 @@ def test_ulp_on_random_magnitudes(dtype):
     e = torch.rand(20000, generator=g, dtype=torch.float64) * (hi - lo) + lo
     x = (torch.randn(20000, generator=g, dtype=torch.float64).sign() * 2.0 ** e).to(dt)
     assert torch.equal(ulp(x, dt), spacing(x))
+
+
+def test_reference_variants_widen_the_noise_estimate():
+    """A lucky reference (tiny error on a row) must not make a legitimate layout fail when another
+    legitimate evaluation of the same row shows larger rounding; a wrong row still fails."""
+    g = torch.Generator().manual_seed(3)
+    truth = torch.randn(4, 64, generator=g, dtype=torch.float64)
+    u = ulp(truth.abs().amax(1), torch.float32)[:, None]
+    lucky = truth + 0.5 * u                       # reference: half an ulp everywhere
+    other = truth + 6 * u                         # the same rows among other rows: 6 ulp
+    sut = (truth + 9 * u).float()                 # 9 ulp: > 2 x 0.5 + 5 floor, < 2 x 6 + 5
+    assert not compare("alone", sut, truth, lucky.float(), torch.float32, fan_in=4).ok
+    assert compare("pooled", sut, truth, lucky.float(), torch.float32, fan_in=4, ref_variants=[other.float()]).ok
+    wrong = sut.clone()
+    wrong[2] += 1e-3
+    v = compare("wrong", wrong, truth, lucky.float(), torch.float32, fan_in=4, ref_variants=[other.float()])
+    assert not v.ok and v.failing_rows == [2]
