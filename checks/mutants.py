@@ -160,9 +160,8 @@ class ScatterIntoSharedBuffer(SpecModel):
         "the model all-reduces the MoE output and the communicator reduce-scatters it again (x tp)")
 class DoubleReduction(SpecModel):
     def reduce_and_scatter(self, y, step, mode):
-        if mode == MAX_LEN:
-            dist.all_reduce(y, group=self.g.tp)
-        return super().reduce_and_scatter(y, step, mode)
+        dist.all_reduce(y, group=self.g.tp)     # the model's own all-reduce of the MoE output ...
+        return super().reduce_and_scatter(y, step, mode)   # ... then the communicator's reduction
 
 
 @mutant("B15", "replicated-shared-expert-summed", "wrong numbers",
