@@ -57,15 +57,37 @@ class _RankState:
         return sum(1 for r in self.records if r.group == group)
 
 
+def backend_for(world_size: int, gpus: int) -> tuple[str, str]:
+    """(backend, rank device) of a world of `world_size` ranks in a process that sees `gpus` GPUs.
+    NCCL only with one GPU per rank (NCCL refuses two ranks on one GPU); otherwise gloo with CUDA tensors,
+    ranks placed round-robin on the GPUs (rank % gpus), several ranks sharing a GPU; gloo on CPU if none."""
+    if gpus <= 0:
+        return "gloo", "cpu"
+    return ("nccl", "cuda") if gpus >= world_size else ("gloo", "cuda")
+
+
 def choose_backend(world_size: int, device: str) -> tuple[str, str]:
-    """(backend, device) for a world: NCCL only with one GPU per rank (NCCL refuses two ranks on one GPU)."""
+    """(backend, device) for a world: `device` is 'cpu', 'cuda' (CUDA required) or 'auto' (CUDA if any)."""
     if device == "cpu":
         return "gloo", "cpu"
     import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n == 0:
+        if device == "auto":
+            return "gloo", "cpu"
         raise RuntimeError(f"device {device!r} asked for but no CUDA device is visible")
-    return ("nccl", "cuda") if n >= world_size else ("gloo", "cuda")
+    return backend_for(world_size, n)
+
+
+def describe_backends(world_sizes, gpus: int) -> str:
+    """One line for the pytest header: the backend each world size gets with `gpus` GPUs per process."""
+    parts = []
+    for ws in world_sizes:
+        backend, dev = backend_for(ws, gpus)
+        where = ("CPU" if dev == "cpu" else "one GPU per rank" if backend == "nccl"
+                 else f"{ws} ranks on {gpus} shared GPU{'s' if gpus > 1 else ''}")
+        parts.append(f"{ws} rank{'s' if ws > 1 else ''}: {backend} ({where})")
+    return "; ".join(parts)
 
 
 class World:

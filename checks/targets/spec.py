@@ -49,7 +49,9 @@ class SpecModel:
         self.moe_tp_rank, self.ep_rank = self.lay.moe_tp_rank(self.rank), self.lay.moe_ep_rank(self.rank)
         self.w = env.weights
         theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
+        # computed on the CPU as transformers does, then moved: on CUDA, pos lives on the device
+        inv_freq = 1.0 / (theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
+        self.inv_freq = inv_freq.to(self.dev)
         self._cache: dict = {}
 
     # ---------- weights ----------

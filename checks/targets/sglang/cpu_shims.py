@@ -51,9 +51,15 @@ class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         module.__path__ = []
+        module.__file__ = None            # tools that scan sys.modules (hypothesis) skip file-less modules
         module.__version__ = "0.0.0+dpep.standin"
         module.__dpep_standin__ = True
-        module.__getattr__ = lambda name, _m=module.__name__: _Unavailable(f"{_m}.{name}")
+
+        def __getattr__(name, _m=module.__name__):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return _Unavailable(f"{_m}.{name}")
+        module.__getattr__ = __getattr__
 
 
 def install_torchvision_standin() -> bool:
@@ -94,4 +100,140 @@ def install(device: str) -> list[str]:
     return done
 
 
-_SHIMS: list = []
+def _forward_batch_unpinned():
+    """Stands in for `is_cpu()` as read by ForwardBatch.prepare_mlp_sync_batch (forward_batch_info._is_cpu):
+    it copies global_num_tokens through pinned host memory unless SGLang runs its CPU engine
+    (SGLANG_USE_CPU_ENGINE=1, which needs SGLang's CPU kernel build), and torch's CPU build has no pinned
+    allocator. The module flag selects only the unpinned copy and the CPU graph seq-len fill value (both
+    plain host work); the padding mode, counts and buffer sizes it computes are untouched."""
+    from sglang.srt.model_executor import forward_batch_info
+    forward_batch_info._is_cpu = True
+    return "forward_batch_info._is_cpu"
+
+
+def _dp_attention_cpu_copy():
+    """Stands in for dp_attention.memcpy_triton, the row copy dp_gather / dp_scatter use to place this DP
+    rank's rows in (and take them back from) the global DP buffer: dp_attention picks it whenever `is_cpu()`
+    is False, and Triton has no CPU driver. The same module's `memcpy_cpu` is the copy SGLang itself uses on
+    CPU (same offsets and sizes): select it. Offsets, sizes and the collectives around it are untouched."""
+    from sglang.srt.layers import dp_attention
+    dp_attention.memcpy_func = dp_attention.memcpy_cpu
+    return "dp_attention.memcpy_func = memcpy_cpu"
+
+
+def _dispatcher_device():
+    """Stands in for utils.common.get_device() as called by the standard token dispatcher
+    (moe/token_dispatcher/standard.py, StandardDispatcher.dispatch) to place its local_expert_mapping table:
+    get_device() knows accelerators only and raises on a CPU host. Answer "cpu" there; the table's
+    contents (which global expert maps to which local slot, -1 for non-local ones) are SGLang's."""
+    from sglang.srt.layers.moe.token_dispatcher import standard
+    original = standard.get_device
+
+    def get_device(device_id=None):
+        return "cpu"
+    get_device.__wrapped__ = original
+    standard.get_device = get_device
+    return "token_dispatcher.standard.get_device -> cpu"
+
+
+def _native_moe_nonlocal_ids():
+    """Stands in for fused_moe_native.moe_forward_native's handling of non-local experts: with EP the
+    standard dispatcher maps experts another EP rank owns to the drop sentinel -1 (the Triton / DeepGEMM
+    runners skip such slots), but the native CPU fallback (UnquantizedFusedMoEMethod.forward_cpu without
+    AMX) scatters the ids as indices and fails on -1. Give each such slot a local expert with routing weight
+    0, so it adds exactly nothing, and call SGLang's function. The native forward counts a (row, expert) pair
+    once (scatter_, not scatter_add_), so a row's filler experts must be distinct and differ from the row's
+    real local experts. Which experts are local, the ids and weights of local slots are SGLang's."""
+    import torch
+    from sglang.srt.layers.moe import fused_moe_native
+    original = fused_moe_native.moe_forward_native
+
+    def moe_forward_native(layer, x, topk_output, moe_runner_config):
+        ids = topk_output.topk_ids
+        dropped = ids < 0
+        if bool(dropped.any()):
+            n_local = layer.w13_weight.shape[0]
+            if n_local < ids.shape[1]:
+                raise RuntimeError(f"cpu_shims: {n_local} local experts cannot fill {ids.shape[1]} top-k slots")
+            filled = ids.clone()
+            for r in torch.nonzero(dropped.any(1)).flatten().tolist():
+                used = set(ids[r][ids[r] >= 0].tolist())
+                free = iter(e for e in range(n_local) if e not in used)
+                for k in torch.nonzero(dropped[r]).flatten().tolist():
+                    filled[r, k] = next(free)
+            topk_output = topk_output._replace(
+                topk_ids=filled, topk_weights=topk_output.topk_weights.masked_fill(dropped, 0))
+        return original(layer, x, topk_output, moe_runner_config)
+    moe_forward_native.__wrapped__ = original
+    fused_moe_native.moe_forward_native = moe_forward_native
+    return "fused_moe_native.moe_forward_native: -1 slots -> unused local experts, weight 0"
+
+
+def _reduce_scatterv_without_pynccl():
+    """Stands in for the transport of GroupCoordinator.reduce_scatterv (distributed/parallel_state.py), the
+    uneven reduce-scatter the FFN exit takes under attention DP when tp == dp == ep (boundary_reduction
+    "rs+rsv", the Qwen MoE default): it asserts a PyNccl communicator, which gloo groups do not have. Route it
+    to the same coordinator's _deterministic_reduce_scatterv: SGLang's own implementation of the same
+    contract (the same sizes and offsets; an all_reduce of the group, then this rank's rows), which SGLang
+    takes under --enable-deterministic-inference. Only for groups without a usable PyNccl communicator."""
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+    original = GroupCoordinator.reduce_scatterv
+
+    def reduce_scatterv(self, input_, output=None, sizes=None):
+        comm = getattr(self, "pynccl_comm", None)
+        if comm is None or getattr(comm, "disabled", True) or not getattr(comm, "available", False):
+            return self._deterministic_reduce_scatterv(input_, output, sizes)
+        return original(self, input_, output, sizes)
+    reduce_scatterv.__wrapped__ = original
+    GroupCoordinator.reduce_scatterv = reduce_scatterv
+    return "GroupCoordinator.reduce_scatterv -> _deterministic_reduce_scatterv without pynccl"
+
+
+def _coordinator_cpu_collectives():
+    """Stands in for `is_cpu()` as read by GroupCoordinator.all_gather_into_tensor / reduce_scatter_tensor
+    (parallel_state._is_cpu): off the CPU engine they call the custom ops sglang::reg_all_gather_into_tensor
+    / reg_reduce_scatter_tensor, which are registered for CUDA only; SGLang's CPU branch calls the methods
+    those ops wrap (the same coordinator's _all_gather_into_tensor / _reduce_scatter_tensor, i.e.
+    torch.distributed over its device group). The flag's only other reader is the CUDA cache flush at
+    shutdown."""
+    from sglang.srt.distributed import parallel_state
+    parallel_state._is_cpu = True
+    return "parallel_state._is_cpu"
+
+
+def _shared_expert_gate_torch():
+    """Stands in for the Triton kernels fused_gate_sigmoid_mul_add / fused_gate_sigmoid_mul
+    (sglang.kernels.ops.elementwise), which Qwen2MoeSparseMoeBlock.forward uses to apply the shared-expert
+    gate sigmoid(x . w) and add the gated shared output to the routed output: Triton has no CPU driver.
+    The stand-in computes what the kernel computes, in its precision (row dot product, sigmoid, multiply and
+    add in fp32, one rounding to the output dtype), in place as the kernel writes. Which rows, which
+    shared output and where it is added (before the MoE reduction) stay SGLang's."""
+    import torch
+    from sglang.srt.models import qwen2_moe
+
+    def _gated(hidden_states, gate_weight, shared_output):
+        gate = torch.sigmoid(hidden_states.float() @ gate_weight.float().reshape(-1))
+        return gate[:, None] * shared_output.float()
+
+    def fused_gate_sigmoid_mul_add(hidden_states, gate_weight, shared_output, final_hidden_states):
+        final_hidden_states.copy_(_gated(hidden_states, gate_weight, shared_output) + final_hidden_states.float())
+
+    def fused_gate_sigmoid_mul(hidden_states, gate_weight, shared_output):
+        return _gated(hidden_states, gate_weight, shared_output).to(shared_output.dtype)
+
+    fused_gate_sigmoid_mul_add.__wrapped__ = qwen2_moe.fused_gate_sigmoid_mul_add
+    fused_gate_sigmoid_mul.__wrapped__ = qwen2_moe.fused_gate_sigmoid_mul
+    qwen2_moe.fused_gate_sigmoid_mul_add = fused_gate_sigmoid_mul_add
+    qwen2_moe.fused_gate_sigmoid_mul = fused_gate_sigmoid_mul
+    return "qwen2_moe.fused_gate_sigmoid_mul(_add): torch, fp32 like the kernel"
+
+
+_SHIMS: list = [
+    ("shared_expert_gate_torch", _shared_expert_gate_torch),
+    ("coordinator_cpu_collectives", _coordinator_cpu_collectives),
+    ("reduce_scatterv_without_pynccl", _reduce_scatterv_without_pynccl),
+    ("native_moe_nonlocal_ids", _native_moe_nonlocal_ids),
+    ("dispatcher_device", _dispatcher_device),
+    ("dp_attention_cpu_copy", _dp_attention_cpu_copy),
+    ("forward_batch_unpinned", _forward_batch_unpinned),
+]
