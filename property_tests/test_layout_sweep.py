@@ -8,6 +8,7 @@ import pytest
 from checks.batches import Batch
 from checks.batches import Request as R
 from checks.parity import run_example
+from checks.targets.protocol import known_failure, resolve
 from fixtures.build import fixture_path
 from fixtures.specs import FIXTURES
 from property_tests.strategies import Example, layouts_for
@@ -25,8 +26,11 @@ def sweep_batch(dp: int) -> Batch:
 def test_every_layout(suite, fixture, layout):
     if fixture not in suite.fixtures or layout.tp not in suite.world_sizes:
         pytest.skip("outside this run's --models / --world-sizes")
-    failures = []
+    target = resolve(suite.target)
+    failures, known = [], []
     for unit in ("moe", "decoder", "model"):
+        if unit not in target.units:
+            continue
         for dtype in ("float32", "bfloat16"):
             ex = Example(fixture, layout, sweep_batch(layout.dp), dtype, layer=1 if unit != "model" else 0)
             res = run_example(suite.target, unit, str(fixture_path(fixture)), layout, ex.batch, dtype, ex.layer,
@@ -34,5 +38,9 @@ def test_every_layout(suite, fixture, layout):
             if res.skipped:
                 continue
             if not res.ok:
-                failures.append(f"{res.report()}\nreplay: {ex.replay(unit, suite.target)}")
+                text = f"{res.report()}\nreplay: {ex.replay(unit, suite.target)}"
+                why = known_failure(target, res, fixture, ex.layer)
+                (known if why else failures).append(f"{why}\n{text}" if why else text)
     assert not failures, "\n\n".join(failures)
+    if known:
+        pytest.xfail("\n\n".join(known))

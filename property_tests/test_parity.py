@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from checks.batches import Batch
 from checks.batches import Request as R
 from checks.parity import run_example
-from checks.targets.protocol import resolve
+from checks.targets.protocol import known_failure, resolve, skip_reason
 from checks.topology import Layout
 from fixtures.build import fixture_path
 from property_tests.strategies import Example, examples
@@ -25,11 +25,17 @@ E = Example
 
 def evaluate(suite, unit: str, ex: Example):
     """Run one example; None when the target skips it."""
-    if unit not in resolve(suite.target).units:
-        pytest.skip(f"target {suite.target} does not implement unit {unit}")
+    target = resolve(suite.target)
+    if unit not in target.units:
+        pytest.skip(skip_reason(target, unit, None, None))
     res = run_example(suite.target, unit, str(fixture_path(ex.fixture)), ex.layout, ex.batch, ex.dtype,
                       ex.layer, suite.device, suite.deadline)
     return None if res.skipped else res
+
+
+def expected(suite, res, ex: Example) -> str | None:
+    """A failure the target's own diagnosis explains (docs/findings.md): reported as xfail, not hidden."""
+    return known_failure(resolve(suite.target), res, ex.fixture, ex.layer)
 
 
 def failure(res, unit, ex, suite) -> str:
@@ -41,6 +47,8 @@ def check(suite, unit: str, ex: Example):
     if res is None:
         reject()
     note(res.report())
+    if expected(suite, res, ex):
+        reject()    # a known, written-up bug: the pinned and sweep tests report it as xfail; search on
     assert res.ok, failure(res, unit, ex, suite)
 
 
@@ -114,6 +122,9 @@ def _run_pinned(suite, unit, ex):
     res = evaluate(suite, unit, ex)
     if res is None:
         pytest.skip("the target skips this example")
+    why = expected(suite, res, ex)
+    if why:
+        pytest.xfail(f"{why}\n{failure(res, unit, ex, suite)}")
     assert res.ok, failure(res, unit, ex, suite)
 
 

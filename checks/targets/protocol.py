@@ -16,6 +16,10 @@ Outputs (rows = this rank's extend tokens, in request order):
 optional: "layers" (list of [rows, hidden] residual stream after each layer, model only: localizes the
 first divergent layer), "expert_counts" ({expert: rows dispatched}, this rank's experts),
 "padding_mode" ("sum_len" | "max_len"). See docs/targets.md.
+
+Optional: `known_failure(result, fixture, layer) -> str | None`: a diagnosed bug of the target (written up
+in docs/findings.md) that explains every failed check of this result; the suite reports it as an
+expected failure with that text instead of a new failure.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from checks.batches import Batch, Request
 from checks.topology import Layout
 
 UNITS = ("moe", "attention", "decoder", "model")
-ALIASES = {"spec": "checks.targets.spec:SPEC"}
+ALIASES = {"spec": "checks.targets.spec:SPEC", "sglang": "checks.targets.sglang:TARGET"}
 
 
 @dataclass
@@ -89,8 +93,14 @@ def resolve(spec: str | Any) -> Any:
     return obj
 
 
-def skip_reason(target: Any, unit: str, config: dict, layout: Layout) -> str | None:
-    if unit not in target.units:
-        return f"target {target.name} does not implement unit {unit!r} (it has {', '.join(target.units)})"
+def skip_reason(target: Any, unit: str, config: dict | None, layout: Layout | None) -> str | None:
     fn = getattr(target, "skip_reason", None)
+    if unit not in target.units:
+        why = fn(unit, config, layout) if fn else None
+        return why or f"target {target.name} does not implement unit {unit!r} (it has {', '.join(target.units)})"
     return fn(unit, config, layout) if fn else None
+
+
+def known_failure(target: Any, result: Any, fixture: str, layer: int) -> str | None:
+    fn = getattr(target, "known_failure", None)
+    return fn(result, fixture, layer) if fn and not result.ok else None

@@ -1,0 +1,105 @@
+"""The `sglang` target: SGLang's real layers (sglang 0.5.23) under the property suite, on every rank of the
+suite's torch.distributed world (gloo on CPU, NCCL on GPU runners). See docs/sglang.md.
+
+    python -m pytest property_tests --target checks.targets.sglang:TARGET --world-sizes 1,2,4
+
+This module is light: it checks the installed version (importlib.metadata) and, in rank processes, installs
+the torchvision import-time stand-in (cpu_shims) *before* anything imports sglang (the ranks import this
+module to resolve the target). SGLang itself is imported on the ranks only, in engine.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from importlib import metadata
+
+from checks.targets.sglang import cpu_shims
+
+# Rank processes (spawned children of the suite's World) import this module to resolve the target, before
+# anything imports sglang: install the torchvision stand-in there. The parent process (pytest) never imports
+# sglang and keeps the real import behaviour (transformers probes torchvision with find_spec).
+if multiprocessing.parent_process() is not None:
+    cpu_shims.install_torchvision_standin()
+
+SUPPORTED_VERSIONS = ("0.5.23",)
+INSTALL_HINT = "run scripts/install_sglang_cpu.sh or pip install dpep-parity[sglang]"
+
+# What is not covered, and why (also returned by skip_reason for these units).
+NOT_COVERED = {
+    "attention": (
+        "sglang target: attention is not covered: SGLang's attention (RadixAttention) runs only through a "
+        "ModelRunner-built attention backend over its KV pools (ReqToTokenPool / MHATokenToKVPool, "
+        "out_cache_loc, req_pool_indices); on CPU the only backend without SGLang's CPU kernel build is "
+        "torch_native, and this target does not build those pools yet"),
+    "decoder": (
+        "sglang target: decoder is not covered: Qwen{2,3}MoeDecoderLayer.forward runs RadixAttention, which "
+        "needs the ModelRunner attention backend and KV pools this target does not build (see attention)"),
+    "model": (
+        "sglang target: model is not covered: the whole model needs the attention backend and KV pools (see "
+        "attention), and the Engine / HTTP server do not start on CPU without SGLang's kernel builds"),
+}
+
+
+def sglang_version() -> str | None:
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def unavailable_reason() -> str | None:
+    """None when a supported sglang is installed; else the message (missing / unsupported version)."""
+    v = sglang_version()
+    if v is None:
+        return f"sglang is not installed: {INSTALL_HINT}"
+    if v not in SUPPORTED_VERSIONS:
+        return (f"sglang {v} is installed but the sglang target supports only {', '.join(SUPPORTED_VERSIONS)} "
+                f"(its layer internals change between releases): install sglang=={SUPPORTED_VERSIONS[-1]} "
+                f"({INSTALL_HINT})")
+    return None
+
+
+def _fail(reason: str):
+    """A missing sglang skips (under pytest: the test is SKIPPED with the reason); an unsupported version
+    fails with the message."""
+    if reason.startswith("sglang is not installed") and "pytest" in sys.modules:
+        import pytest
+        raise pytest.skip.Exception(reason, allow_module_level=True)
+    raise RuntimeError(reason)
+
+
+class SGLangTarget:
+    name = "sglang"
+    _units = ("moe",)
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        # Read by the suite before it runs anything (protocol.resolve / test_parity.evaluate): the place
+        # where a missing sglang becomes a skip with its reason rather than an import error on the ranks.
+        reason = unavailable_reason()
+        if reason:
+            _fail(reason)
+        return self._units
+
+    def skip_reason(self, unit, config, layout):
+        if unit in NOT_COVERED:
+            return NOT_COVERED[unit]
+        return None
+
+    def known_failure(self, result, fixture, layer):
+        from checks.targets.sglang.findings import explained
+        return explained(result, fixture, layer)
+
+    def build(self, unit, env):
+        reason = unavailable_reason()
+        if reason:
+            raise RuntimeError(reason)
+        from checks.targets.sglang import engine
+        return engine.build(unit, env)
+
+    def run(self, built, step):
+        from checks.targets.sglang import engine
+        return engine.run(built, step)
+
+
+TARGET = SGLangTarget()
