@@ -1,0 +1,166 @@
+"""The GPU tier: layer parity at production shapes (fixtures.large), on CUDA.
+
+The MoE block and the decoder layer of Qwen3-30B-A3B (128 experts, top-8) and of Qwen2-57B-A14B's
+shared-expert layout (16 of its 64 experts) run across worlds of `--world-sizes` ranks on the GPU(s) and
+are judged against transformers on the same device (the reference in the test dtype through cuBLAS, the
+float64 truth beside it). Weights are drawn from the seeds on the machine that runs this, on first use.
+Skipped without CUDA (`--device cuda`, or `auto` on a GPU machine); marked `gpu`.
+
+Run it in one test process, apart from the tiny-fixture suite (every rank process holds the production
+checkpoints in memory): `python -m pytest property_tests/test_gpu.py -p no:xdist --device cuda`
+(docs/gpu.md). `DPEP_LARGE_DRYRUN=1` runs the same tests on CPU-sized stand-ins, to check the code paths.
+`DPEP_LARGE_DTYPES` (default bfloat16) picks the dtypes; the hypothesis properties take a quarter of the
+profile's examples (at least 4).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, note, reject, settings
+from hypothesis import strategies as st
+
+from checks.batches import Batch
+from checks.batches import Request as R
+from checks.bench_gpu import evict_if_needed
+from checks.parity import run_example
+from checks.topology import Layout, valid_layouts
+from fixtures.build import fixture_path
+from fixtures.large import DRYRUN_FIXTURES, LARGE_FIXTURES
+from property_tests.strategies import Example
+
+pytestmark = pytest.mark.gpu
+
+DRYRUN = os.environ.get("DPEP_LARGE_DRYRUN") == "1"
+FAMILY = DRYRUN_FIXTURES if DRYRUN else LARGE_FIXTURES
+QWEN3, QWEN2 = sorted(FAMILY, key=lambda n: not n.startswith("qwen3"))
+DTYPES = tuple(os.environ.get("DPEP_LARGE_DTYPES", "bfloat16").split(","))
+EXAMPLES = max(4, settings.default.max_examples // 4)
+
+
+@pytest.fixture(scope="module")
+def gpu(suite):
+    if not DRYRUN:
+        import torch
+        if suite.device != "cuda" or not torch.cuda.is_available():
+            pytest.skip("production-size tier: needs CUDA (--device cuda, or auto on a GPU machine)")
+    return suite
+
+
+def spec_config(name: str) -> dict:
+    s = FAMILY[name]
+    return {k: getattr(s, k) for k in s.__dataclass_fields__}
+
+
+def run(suite, unit: str, ex: Example, target: str | None = None):
+    evict_if_needed(ex.layout.tp, suite.device, suite.deadline)
+    return run_example(target or suite.target, unit, str(fixture_path(ex.fixture)), ex.layout, ex.batch,
+                       ex.dtype, ex.layer, suite.device, suite.deadline)
+
+
+def explain(res, unit, ex, target) -> str:
+    return f"{res.report()}\nreplay: {ex.replay(unit, target)} --device cuda"
+
+
+# ---------------- strategies: production-size batches ----------------
+@st.composite
+def large_rank(draw, mode: str) -> tuple[R, ...]:
+    if mode == "idle":
+        return ()
+    if mode == "decode":
+        return tuple(R(draw(st.integers(1, 64)), 1) for _ in range(draw(st.integers(1, 16))))
+    return tuple(R(draw(st.integers(0, 32)), draw(st.integers(1, 48))) for _ in range(draw(st.integers(1, 2))))
+
+
+@st.composite
+def large_examples(draw, world_sizes, dtypes) -> Example:
+    fixture = draw(st.sampled_from(sorted(FAMILY)))
+    lays = [lay for ws in sorted(world_sizes) for lay in valid_layouts(ws, spec_config(fixture))]
+    layout = draw(st.sampled_from(lays))
+    modes = draw(st.lists(st.sampled_from(["extend", "idle", "decode"]), min_size=layout.dp, max_size=layout.dp))
+    if all(m == "idle" for m in modes):
+        modes[0] = "decode"
+    batch = Batch(tuple(draw(large_rank(m)) for m in modes), draw(st.integers(0, 2**16)))
+    return Example(fixture, layout, batch, draw(st.sampled_from(list(dtypes))), 0)
+
+
+def _check(suite, unit, data):
+    ex = data.draw(large_examples(suite.world_sizes, DTYPES), label="example")
+    res = run(suite, unit, ex)
+    if res.skipped:
+        reject()
+    note(res.report())
+    assert res.ok, explain(res, unit, ex, suite.target)
+
+
+@settings(max_examples=EXAMPLES)
+@given(data=st.data())
+def test_large_moe_parity(gpu, data):
+    """The MoE block at production shapes equals one device, every layout, idle and decoding ranks."""
+    _check(gpu, "moe", data)
+
+
+@settings(max_examples=EXAMPLES)
+@given(data=st.data())
+def test_large_decoder_parity(gpu, data):
+    """The decoder layer at production shapes: attention (GQA 32/4 or 28/4 heads), DP gather, MoE."""
+    _check(gpu, "decoder", data)
+
+
+# ---------------- pinned: 1, 2 and 4 ranks, both padding modes ----------------
+EXTEND_IDLE4 = Batch(((R(0, 24), R(16, 8)), (), (R(4, 12),), (R(0, 1),)), 5)
+DECODE_UNEVEN2 = Batch((tuple(R(8 + i, 1) for i in range(12)), tuple(R(3 + i, 1) for i in range(7))), 6)
+DECODE_UNEVEN4 = Batch((tuple(R(8 + i, 1) for i in range(6)), (R(5, 1),), tuple(R(2 + i, 1) for i in range(5)),
+                        (R(9, 1), R(1, 1))), 7)
+EXTEND1 = Batch(((R(0, 40), R(24, 16)),), 8)
+
+PINS = [
+    (Layout(1, 1, 1), EXTEND1),
+    (Layout(2, 2, 2), DECODE_UNEVEN2),      # MAX_LEN, attention TP 1, EP 2
+    (Layout(2, 1, 1), EXTEND1),             # pure TP: KV heads split 4 -> 2 + 2
+    (Layout(4, 4, 4), EXTEND_IDLE4),        # SUM_LEN with an idle rank, EP 4
+    (Layout(4, 2, 2), DECODE_UNEVEN2),      # MAX_LEN, attention TP 2, MoE TP 2
+    (Layout(4, 4, 1), DECODE_UNEVEN4),      # MAX_LEN, every rank a DP rank, MoE TP 4
+]
+PINNED = [(unit, fx, lay, b, dt) for unit in ("moe", "decoder") for fx in (QWEN3, QWEN2)
+          for lay, b in PINS for dt in DTYPES]
+
+
+@pytest.mark.parametrize("unit,fixture,layout,batch,dtype", PINNED,
+                         ids=[f"{u}-{f}-{l}-{d}" for u, f, l, _, d in PINNED])
+def test_large_pinned(gpu, unit, fixture, layout, batch, dtype):
+    if layout.tp not in gpu.world_sizes:
+        pytest.skip("outside this run's --world-sizes")
+    ex = Example(fixture, layout, batch, dtype, 0)
+    res = run(gpu, unit, ex)
+    assert not res.skipped and res.ok, explain(res, unit, ex, gpu.target)
+    print(f"\n{unit} {fixture} {layout} {dtype}: {res.verdict.worst_excess:.2f}x bound, "
+          f"{res.verdict.tie_rows}/{res.verdict.rows} tie rows")
+
+
+# ---------------- the catalog at production size ----------------
+KILLS = [
+    ("B14", "moe", QWEN3, Layout(4, 2, 2), DECODE_UNEVEN2),       # double reduction (MAX_LEN)
+    ("B14", "decoder", QWEN3, Layout(2, 2, 2), DECODE_UNEVEN2),
+    ("B15", "moe", QWEN2, Layout(4, 4, 4), EXTEND_IDLE4),         # replicated shared expert, summed x tp
+    ("B15", "decoder", QWEN2, Layout(2, 1, 1), EXTEND1),
+]
+
+
+@pytest.mark.parametrize("mutant,unit,fixture,layout,batch", KILLS,
+                         ids=[f"{m}-{u}-{f}-{l}" for m, u, f, l, _ in KILLS])
+def test_large_mutant_killed(gpu, mutant, unit, fixture, layout, batch):
+    """The spec passes and the mutant fails the parity property on the same production-size example."""
+    if layout.tp not in gpu.world_sizes:
+        pytest.skip("outside this run's --world-sizes")
+    dtype = DTYPES[0]
+    ex = Example(fixture, layout, batch, dtype, 0)
+    spec = run(gpu, unit, ex, "spec")
+    assert spec.ok, explain(spec, unit, ex, "spec")
+    mres = run(gpu, unit, ex, f"checks.mutants:{mutant}")
+    assert not mres.ok, f"mutant {mutant} survived:\n{mres.report()}"
+    assert "parity" in {c.prop for c in mres.failures()}, mres.report()
+    v = mres.verdict
+    print(f"\n{mutant} {unit} {fixture} {layout} {dtype}: spec {spec.verdict.worst_excess:.2f}x bound; "
+          f"mutant {v.worst_excess:.1f}x bound, |sut|/|truth| {v.ratio:.3f}, "
+          f"{len(v.failing_rows)}/{v.rows} rows beyond, {v.tie_rows} tie rows")

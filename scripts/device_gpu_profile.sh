@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU tier on one GPU machine: what docs/gpu.md reports.
+#   OUT=DIR bash scripts/device_gpu_profile.sh [STAGE ...]     (default: all stages)
+# Stages: smoke (two tiny examples on CUDA at 4 ranks; stops the run when they fail); tests (the property
+# suite on the tiny fixtures with the gpu profile, -n 4, while the production-size tier runs in one
+# process and the tolerance study in another, all on the one GPU; then split-K GEMMs through cuBLAS);
+# bench (the benchmark, alone on the GPU). `smoke tests` and `bench` each fit in one 10-minute call.
+# Production-size weights are drawn from their seeds here, into DPEP_FIXTURE_CACHE (~5 GB).
+# Every stage has a time limit (SIGINT first, so pytest still prints its summary). Files in OUT:
+# summary.txt, tiny.log, tier.log, gemm.md, tolerance.md, tolerance.json, bench.md, bench.json.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-runs/gpu}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export DPEP_FIXTURE_CACHE="${DPEP_FIXTURE_CACHE:-/tmp/dpep-fixtures}"
+export DPEP_RANK_CACHE_GB="${DPEP_RANK_CACHE_GB:-4}"   # two suites share the GPU in `tests`
+PY="${PYTHON:-python3}"
+STAGES="${*:-smoke tests bench}"
+T0=$(date +%s)
+S="$OUT/summary.txt"
+stamp() { echo "== $* (+$(( $(date +%s) - T0 ))s)" | tee -a "$S"; }
+lim() { local s=$1; shift; timeout -s INT -k 30 "$s" "$@"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+stamp "start: stages [$STAGES]"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  nproc; free -g | sed -n 2p
+  $PY -c 'import torch, transformers, hypothesis; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count(), "| transformers", transformers.__version__, "| hypothesis", hypothesis.__version__); print("bf16 reduced-precision reduction", torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction, "| tf32", torch.backends.cuda.matmul.allow_tf32)'
+} >> "$S" 2>&1
+
+if has smoke; then
+  stamp smoke
+  ok=1
+  for unit in moe decoder; do
+    lim 240 $PY -m checks.replay --device cuda --unit $unit --fixture qwen3-moe --layout tp4-dp2-ep2 \
+      --dtype bfloat16 --layer 1 --batch 'dp0:2+3,4+1 dp1:idle seed=3' >> "$S" 2>&1 || ok=0
+  done
+  if [ $ok = 0 ]; then stamp "smoke FAILED: stopping"; exit 1; fi
+fi
+
+if has tests; then
+  stamp "tests: tiny suite (background), production-size fixtures"
+  lim 300 $PY -m pytest property_tests -m "not gpu" -n 4 --device cuda --hypothesis-profile gpu -q \
+    -p no:cacheprovider > "$OUT/tiny.log" 2>&1 &
+  tiny=$!
+  lim 200 $PY -m fixtures.large build >> "$S" 2>&1
+  stamp "tier (property_tests/test_gpu.py) and tolerance study, in parallel"
+  lim 330 $PY -m pytest property_tests/test_gpu.py -p no:xdist --device cuda --hypothesis-profile gpu \
+    -q -s -p no:cacheprovider > "$OUT/tier.log" 2>&1 &
+  tier=$!
+  lim 330 $PY -m checks.bench_gpu tolerance --json "$OUT/tolerance.json" > "$OUT/tolerance.md" 2>&1 &
+  tol=$!
+  wait $tiny; echo "tiny exit $?" >> "$S"; tail -n 3 "$OUT/tiny.log" >> "$S"
+  stamp gemm
+  lim 120 $PY -m checks.bench_gpu gemm > "$OUT/gemm.md" 2>&1; echo "gemm exit $?" >> "$S"
+  wait $tol; echo "tolerance exit $?" >> "$S"; stamp "tolerance done"
+  wait $tier; echo "tier exit $?" >> "$S"; tail -n 3 "$OUT/tier.log" >> "$S"
+  stamp "tests done"
+fi
+
+if has bench; then   # alone on the GPU: its timings are the figures
+  lim 200 $PY -m fixtures.large build >> "$S" 2>&1
+  stamp bench
+  lim 300 $PY -m checks.bench_gpu bench --examples 16 --json "$OUT/bench.json" > "$OUT/bench.md" 2>&1
+  echo "bench exit $?" >> "$S"
+fi
+stamp done
