@@ -95,11 +95,13 @@ class Verdict:
 def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
             fan_in: int = 1, excused: torch.Tensor | None = None,
             labels: Sequence[str] | None = None, ref_variants: Sequence[torch.Tensor] = (),
-            clusters: Sequence[object] | None = None) -> Verdict:
+            clusters: Sequence[object] | None = None, unpooled: torch.Tensor | None = None) -> Verdict:
     """Judge `sut` ([rows, cols]) against float64 `truth`, using `ref` (same rows, one device, `dtype`);
     `ref_variants`: the same reference computed in other legitimate ways (other batch company): the
     reference noise of a row is the largest of them. `clusters`: one key per row; rows with the same key
-    are replicas of one token (attention-TP ranks of a DP group) and count once in the bias test."""
+    are replicas of one token (attention-TP ranks of a DP group) and count once in the bias test.
+    `unpooled`: rows whose reference error is not rounding noise (the reference itself routed a near-tie
+    token differently): their own bound uses it, but it is not pooled into the other rows' noise."""
     if tuple(ref.shape) != tuple(truth.shape):
         raise ValueError(f"reference shape {tuple(ref.shape)} != truth shape {tuple(truth.shape)}")
     if tuple(sut.shape) != tuple(truth.shape):
@@ -125,6 +127,8 @@ def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor
     # few dozen rounding errors is too noisy an estimate on its own (FlashAttention also pools)
     # (over rows not excused as router near-ties: a routing flip in the reference is not rounding noise)
     ex0 = torch.zeros(rows, dtype=torch.bool) if excused is None else excused.to(torch.bool)
+    if unpooled is not None:
+        ex0 = ex0 | unpooled.to(torch.bool)
     pooled = ((e_ref / u_row)[~ex0].max() if (~ex0).any() else torch.tensor(0.0, dtype=torch.float64)) * u_row
     bound = FACTOR * torch.maximum(e_ref, pooled) + (fan_in + 1) * u_row
     excess = e_sut / bound

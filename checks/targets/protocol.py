@@ -15,7 +15,9 @@ Outputs (rows = this rank's extend tokens, in request order):
     "logits": [rows, vocab]    for unit model
 optional: "layers" (list of [rows, hidden] residual stream after each layer, model only: localizes the
 first divergent layer), "expert_counts" ({expert: rows dispatched}, this rank's experts),
-"padding_mode" ("sum_len" | "max_len"). See docs/targets.md.
+"padding_mode" ("sum_len" | "max_len"), "routing" ({layer: [rows, top_k] expert ids, sorted} for the
+sparse layers the unit ran: with it a near-tie row is excused only where the target's routing really
+differs from one device's, and a different choice away from a tie fails). See docs/targets.md.
 
 Optional: `known_failure(result, fixture, layer) -> str | None`: a diagnosed bug of the target (written up
 in docs/findings.md) that explains every failed check of this result; the suite reports it as an

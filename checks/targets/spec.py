@@ -53,6 +53,7 @@ class SpecModel:
         inv_freq = 1.0 / (theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
         self.inv_freq = inv_freq.to(self.dev)
         self._cache: dict = {}
+        self.routes: dict[int, torch.Tensor] = {}
 
     # ---------- weights ----------
     def W(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
@@ -234,6 +235,7 @@ class SpecModel:
         logits = F.linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         w, ids = torch.topk(probs, self.topk, dim=-1)
+        self._route_ids = ids          # reported (sorted, this rank's rows) as the unit's "routing"
         if self.cfg.get("norm_topk_prob"):
             w = w / w.sum(-1, keepdim=True)
         return w.to(x.dtype), ids
@@ -284,13 +286,25 @@ class SpecModel:
 
     def mlp_on_buffer(self, i, x, step, mode, counts):
         if mode == SUM_LEN:
-            return self.mlp(i, x, x.shape[0], counts)
+            self._route_ids = None
+            y = self.mlp(i, x, x.shape[0], counts)
+            self.keep_route(i, *self.slot(step, mode))
+            return y
         return self.mlp_padded(i, x, step, counts)
+
+    def keep_route(self, i: int, start: int, n: int):
+        """Record the experts this rank's own rows were routed to at layer i (sparse layers only)."""
+        if getattr(self, "_route_ids", None) is not None:
+            self.routes[i] = self._route_ids[start: start + n].sort(dim=-1).values.clone()
+        self._route_ids = None
 
     def mlp_block(self, i: int, x_local: torch.Tensor, step: Step, mode: str | None, counts: dict):
         """The MLP as a unit: gather (replicate) -> MLP -> reduce -> scatter; dp == 1: all-reduce only."""
         if self.lay.dp == 1:
-            return self.mlp_all_reduce(i, self.mlp(i, x_local, x_local.shape[0], counts))
+            self._route_ids = None
+            y = self.mlp(i, x_local, x_local.shape[0], counts)
+            self.keep_route(i, 0, x_local.shape[0])
+            return self.mlp_all_reduce(i, y)
         buf = self.gather(x_local, step, mode, partial=False)
         return self.reduce_and_scatter(self.mlp_on_buffer(i, buf, step, mode, counts), step, mode)
 
@@ -302,7 +316,9 @@ class SpecModel:
                           [torch.arange(d * L + c, (d + 1) * L) for d, c in enumerate(counts_dp)])
         y = torch.zeros_like(buf)
         n_real = sum(counts_dp)
+        self._route_ids = None
         y[order] = self.mlp(i, buf[order], n_real, counts)
+        self.keep_route(i, sum(counts_dp[: self.dp_rank]), counts_dp[self.dp_rank])
         return y
 
     def mlp_all_reduce(self, i: int, y: torch.Tensor) -> torch.Tensor:
@@ -333,7 +349,9 @@ class SpecModel:
             if self.lay.tp > 1:
                 dist.all_reduce(attn, group=self.g.tp)
             residual = attn + residual
+            self._route_ids = None
             y = self.mlp(i, rms_norm(residual, post_w, self.eps), residual.shape[0], counts)
+            self.keep_route(i, 0, residual.shape[0])
             return self.mlp_all_reduce(i, y), residual
         local = attn + residual if self.folds_residual() else attn
         buf = self.gather(local, step, mode, partial=True)
@@ -390,6 +408,7 @@ class SpecModel:
             torch.zeros(0, dtype=torch.long)
         hidden, residual = self.embed(ids.to(self.dev)), None
         n = self.cfg["num_hidden_layers"]
+        self.routes = {}
         new_caches, layers = [], []
         for i in range(n):
             pre = caches[i] if caches else [torch.zeros(0, self.H, dtype=self.dt, device=self.dev)
@@ -423,6 +442,7 @@ class SpecTarget:
         unit = step.unit
         i = m.env.layer
         counts: dict = {}
+        m.routes = {}
         out: dict = {"padding_mode": m.padding_mode(step) if m.lay.dp > 1 else None}
         with torch.no_grad():
             if unit == "moe":
@@ -446,6 +466,7 @@ class SpecTarget:
                 out.update(run_model(m, step))
                 counts = out.pop("counts")
         out["expert_counts"] = counts
+        out["routing"] = dict(m.routes)
         return {k: _cpu(v) for k, v in out.items()}
 
 
@@ -474,6 +495,8 @@ def _cpu(v):
         return v.detach().cpu()
     if isinstance(v, list):
         return [_cpu(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _cpu(x) for k, x in v.items()}
     return v
 
 
