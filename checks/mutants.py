@@ -210,10 +210,8 @@ class PaddingFromLocalCount(SpecModel):
 # ---- mutants of the model semantics ----
 @mutant("M01", "norm-topk-prob-ignored", "wrong numbers", "norm_topk_prob ignored: top-k weights not renormalised")
 class NormTopkIgnored(SpecModel):
-    def route(self, i, x):
-        logits = F.linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
-        w, ids = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), self.topk, dim=-1)
-        return w.to(x.dtype), ids
+    def topk_weights(self, w):
+        return w
 
 
 @mutant("M02", "shared-gate-without-sigmoid", "wrong numbers", "shared-expert gate applied without the sigmoid")

@@ -152,9 +152,12 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
                 want, ties = truth_ids[q]
                 g = got[row: row + req.extend] if got is not None else None
                 row += req.extend
-                if g is None or tuple(g.shape) != tuple(want.shape):
+                if g is None:
+                    bad.append(f"rank {r.rank}: reported no routing for sparse layer {li}")
+                    break
+                if tuple(g.shape) != tuple(want.shape):
                     bad.append(f"rank {r.rank}: layer {li} routing of dp {d} request {flat[q][1]} has shape "
-                               f"{None if g is None else tuple(g.shape)}, expected {tuple(want.shape)}")
+                               f"{tuple(g.shape)}, expected {tuple(want.shape)}")
                     continue
                 diff = (g.to(want.dtype) != want).any(1)
                 sut_flip[starts[q]: starts[q] + req.extend] |= diff

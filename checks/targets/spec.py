@@ -236,9 +236,10 @@ class SpecModel:
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         w, ids = torch.topk(probs, self.topk, dim=-1)
         self._route_ids = ids          # reported (sorted, this rank's rows) as the unit's "routing"
-        if self.cfg.get("norm_topk_prob"):
-            w = w / w.sum(-1, keepdim=True)
-        return w.to(x.dtype), ids
+        return self.topk_weights(w).to(x.dtype), ids
+
+    def topk_weights(self, w: torch.Tensor) -> torch.Tensor:
+        return w / w.sum(-1, keepdim=True) if self.cfg.get("norm_topk_prob") else w
 
     def shared_expert(self, i: int, x: torch.Tensor) -> torch.Tensor | None:
         """Qwen2's shared expert, TP-sharded over the whole TP group, times sigmoid(gate(x))."""
