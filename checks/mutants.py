@@ -167,13 +167,8 @@ class DoubleReduction(SpecModel):
 @mutant("B15", "replicated-shared-expert-summed", "wrong numbers",
         "a replicated (unsharded) shared expert summed by the post-MoE all-reduce: routed + tp * shared")
 class ReplicatedSharedSummed(SpecModel):
-    def shared_expert(self, i, x):
-        inter = self.cfg.get("shared_expert_intermediate_size") or 0
-        if not inter:
-            return None
-        p = f"model.layers.{i}.mlp."
-        y = self.dense_mlp(i, x, p + "shared_expert.", inter, 1, 0)
-        return torch.sigmoid(F.linear(x, self.W(p + "shared_expert_gate.weight"))) * y
+    def shared_expert_shard(self):
+        return 1, 0      # every rank computes the whole shared expert; the all-reduce then sums tp copies
 
 
 @mutant("B16", "idle-logits-index", "crash",
@@ -216,13 +211,8 @@ class NormTopkIgnored(SpecModel):
 
 @mutant("M02", "shared-gate-without-sigmoid", "wrong numbers", "shared-expert gate applied without the sigmoid")
 class SharedGateNoSigmoid(SpecModel):
-    def shared_expert(self, i, x):
-        inter = self.cfg.get("shared_expert_intermediate_size") or 0
-        if not inter:
-            return None
-        p = f"model.layers.{i}.mlp."
-        y = self.dense_mlp(i, x, p + "shared_expert.", inter, self.lay.tp, self.rank)
-        return F.linear(x, self.W(p + "shared_expert_gate.weight")) * y
+    def shared_gate(self, i, x):
+        return F.linear(x, self.W(f"model.layers.{i}.mlp.shared_expert_gate.weight"))
 
 
 @mutant("M03", "qk-norm-after-rope", "wrong numbers", "Qwen3 qk-norm applied after RoPE instead of before")

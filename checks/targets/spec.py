@@ -246,9 +246,16 @@ class SpecModel:
         inter = self.cfg.get("shared_expert_intermediate_size") or 0
         if not inter:
             return None
-        p = f"model.layers.{i}.mlp."
-        y = self.dense_mlp(i, x, p + "shared_expert.", inter, self.lay.tp, self.rank)
-        return torch.sigmoid(F.linear(x, self.W(p + "shared_expert_gate.weight"))) * y
+        parts, idx = self.shared_expert_shard()
+        y = self.dense_mlp(i, x, f"model.layers.{i}.mlp.shared_expert.", inter, parts, idx)
+        return self.shared_gate(i, x) * y
+
+    def shared_expert_shard(self) -> tuple[int, int]:
+        """(parts, index): the shared expert's intermediate dimension is split over the whole TP group."""
+        return self.lay.tp, self.rank
+
+    def shared_gate(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(F.linear(x, self.W(f"model.layers.{i}.mlp.shared_expert_gate.weight")))
 
     def moe(self, i: int, x: torch.Tensor, n_real: int, counts: dict):
         """This rank's partial of the MoE block on all gathered rows; rows >= n_real are padding and are
