@@ -87,6 +87,11 @@ def oracle_rows(ref: torch.Tensor, batch: Batch, layout: Layout, ranks: list[int
     return ref[torch.tensor(idx, dtype=torch.long)] if idx else ref[:0]
 
 
+def oracle_mask(mask: torch.Tensor, batch: Batch, layout: Layout, ranks: list[int]) -> torch.Tensor:
+    """A per-row mask over global rows, arranged like the ranks' outputs (oracle_rows for booleans)."""
+    return oracle_rows(mask[:, None].to(torch.float64), batch, layout, ranks)[:, 0].bool()
+
+
 @dataclass
 class Routing:
     """Router near-ties and flips over the global extend rows (global order)."""
@@ -211,24 +216,22 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
     res.checks.append(collective_discipline(results, layout))
     oracle = Oracle(str(model_dir), dtype, device, truth_device)
     if unit == "model":
-        ids = seq_token_ids(batch, config["vocab_size"])
-        uref = oracle.model(batch, ids)
-        variants = oracle.variants(unit, layer, batch, ids)
+        inputs = seq_token_ids(batch, config["vocab_size"])
+        uref = oracle.model(batch, inputs)
     else:
-        seqs = seq_inputs(batch, config["hidden_size"], dt)
+        inputs = seq_inputs(batch, config["hidden_size"], dt)
         if unit == "moe":
-            x = torch.cat([s[r.prefix:] for (_, _, r), s in zip(batch.requests_flat(), seqs)]) if seqs else \
-                torch.zeros(0, config["hidden_size"], dtype=dt)
+            x = torch.cat([s[r.prefix:] for (_, _, r), s in zip(batch.requests_flat(), inputs)]) if inputs \
+                else torch.zeros(0, config["hidden_size"], dtype=dt)
+            inputs = [x]
             uref = oracle.mlp(layer, x)
-            variants = oracle.variants(unit, layer, batch, [x])
             sizes = [r.extend for _, _, r in batch.requests_flat()]   # split rows back into requests
             uref.router = [(list(p.split(sizes)), list(q.split(sizes))) for p, q in uref.router]
         elif unit == "attention":
-            uref = oracle.attention(layer, batch, seqs)
+            uref = oracle.attention(layer, batch, inputs)
         else:
-            uref = oracle.decoder(layer, batch, seqs)
-        if unit != "moe":
-            variants = oracle.variants(unit, layer, batch, seqs)
+            uref = oracle.decoder(layer, batch, inputs)
+    variants = oracle.variants(unit, layer, batch, inputs)
     key = "logits" if unit == "model" else "out"
     ranks = list(range(layout.tp))
     # exact: each rank returns exactly its DP rank's rows, in the test dtype
@@ -252,17 +255,17 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
     if routing.check is not None:
         res.checks.append(routing.check)
     ex_global = routing.excused
-    excused = oracle_rows(ex_global[:, None].to(torch.float64), batch, layout, ranks)[:, 0].bool()
-    noisy_ref = oracle_rows(routing.ref_flipped[:, None].to(torch.float64), batch, layout, ranks)[:, 0].bool()
-    fan_in = layout.tp
+    excused = oracle_mask(ex_global, batch, layout, ranks)
+    noisy_ref = oracle_mask(routing.ref_flipped, batch, layout, ranks)
+    labels = row_labels(batch, layout, ranks)
     v = numerics.compare(f"{unit} layer {layer}" if unit != "model" else "model logits", sut, truth, ref, dt,
-                         fan_in=fan_in, excused=excused, labels=row_labels(batch, layout, ranks),
+                         fan_in=layout.tp, excused=excused, labels=labels,
                          ref_variants=[oracle_rows(a, batch, layout, ranks) for a in variants],
                          clusters=token_keys(batch, layout, ranks), unpooled=noisy_ref)
     res.verdict = v
     res.checks.append(Check("parity", v.ok, "; ".join(v.reasons)))
     if unit == "model":
-        res.checks.append(greedy_check(sut, truth, ref, excused, dt, row_labels(batch, layout, ranks)))
+        res.checks.append(greedy_check(sut, truth, ref, excused, dt, labels))
     if unit == "model" and not v.ok:
         res.first_divergent_layer = first_divergent_layer(results, uref, batch, layout, dt, excused)
     if unit in ("moe", "decoder") and uref.router:

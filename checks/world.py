@@ -105,7 +105,6 @@ class World:
         self._conns: list = []
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.starts = 0
-        self.start_seconds: list[float] = []
 
     # ---------------- lifecycle ----------------
     @property
@@ -116,7 +115,6 @@ class World:
         if self.alive:
             return self
         self.close()
-        t0 = time.perf_counter()
         ctx = mp.get_context("spawn")
         self._tmp = tempfile.TemporaryDirectory(prefix="dpep-world-")
         init = os.path.join(self._tmp.name, "rendezvous")
@@ -141,7 +139,6 @@ class World:
                 self.close()
                 raise WorldFailure("died", f"rank {rank} failed to start:\n{msg[1]}")
         self.starts += 1
-        self.start_seconds.append(time.perf_counter() - t0)
         _LIVE.add(self)
         return self
 

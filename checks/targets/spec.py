@@ -292,6 +292,13 @@ class SpecModel:
             return self.moe(i, x, n_real, counts)
         return self.dense_mlp(i, x, f"model.layers.{i}.mlp.", self.cfg["intermediate_size"], self.lay.tp, self.rank)
 
+    def mlp_local(self, i: int, x: torch.Tensor, counts: dict) -> torch.Tensor:
+        """dp == 1: the MLP on this rank's own rows (no gather), routing recorded."""
+        self._route_ids = None
+        y = self.mlp(i, x, x.shape[0], counts)
+        self.keep_route(i, 0, x.shape[0])
+        return y
+
     def mlp_on_buffer(self, i, x, step, mode, counts):
         if mode == SUM_LEN:
             self._route_ids = None
@@ -309,10 +316,7 @@ class SpecModel:
     def mlp_block(self, i: int, x_local: torch.Tensor, step: Step, mode: str | None, counts: dict):
         """The MLP as a unit: gather (replicate) -> MLP -> reduce -> scatter; dp == 1: all-reduce only."""
         if self.lay.dp == 1:
-            self._route_ids = None
-            y = self.mlp(i, x_local, x_local.shape[0], counts)
-            self.keep_route(i, 0, x_local.shape[0])
-            return self.mlp_all_reduce(i, y)
+            return self.mlp_all_reduce(i, self.mlp_local(i, x_local, counts))
         buf = self.gather(x_local, step, mode, partial=False)
         return self.reduce_and_scatter(self.mlp_on_buffer(i, buf, step, mode, counts), step, mode)
 
@@ -357,9 +361,7 @@ class SpecModel:
             if self.lay.tp > 1:
                 dist.all_reduce(attn, group=self.g.tp)
             residual = attn + residual
-            self._route_ids = None
-            y = self.mlp(i, rms_norm(residual, post_w, self.eps), residual.shape[0], counts)
-            self.keep_route(i, 0, residual.shape[0])
+            y = self.mlp_local(i, rms_norm(residual, post_w, self.eps), counts)
             return self.mlp_all_reduce(i, y), residual
         local = attn + residual if self.folds_residual() else attn
         buf = self.gather(local, step, mode, partial=True)
