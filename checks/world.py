@@ -324,6 +324,9 @@ class RankContext:
 def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
     try:
         os.environ.update(env)
+        # the world's own temporary folder, removed by the parent when the world closes (even after a kill):
+        # where rank-side code keeps files that must not outlive the world
+        os.environ["DPEP_WORLD_TMP"] = os.path.dirname(init_file)
         import warnings
         warnings.filterwarnings("ignore", category=FutureWarning)   # torch's all_gather_into_tensor rename
         import torch

@@ -1,14 +1,20 @@
-"""Every valid layout of 1, 2 and 4 ranks of every fixture: the MoE block, the decoder layer and the
-model's logits agree with the oracle in fp32 and bf16, on a batch with an idle DP rank whenever dp > 1.
-A deterministic complement to the hypothesis search, which samples layouts."""
+"""Every valid layout of 1, 2 and 4 ranks of every fixture, every unit (MoE block, attention, decoder layer,
+model logits; the model with dp-lm-head too where it is valid), in fp32 and bf16, on two steps:
+- an extend step: DP rank 0 extends two requests (one after a cached prefix), DP rank 1 idles, the rest
+  decode (SUM_LEN padding: some rank extends);
+- a decode-only step with uneven counts: DP rank 0 decodes three requests, rank 1 one, rank 2 idles, rank 3
+  two (MAX_LEN padding whenever dp > 1: rank 1 and the idle rank are padded to three rows).
+A deterministic complement to the hypothesis search, which samples layouts and batches."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
-from checks.batches import Batch
+from checks.batches import MAX_LEN, SUM_LEN, Batch, padding_mode
 from checks.batches import Request as R
 from checks.parity import run_example
-from checks.targets.protocol import known_failure, resolve
+from checks.targets.protocol import UNITS, known_failure, resolve
 from fixtures.build import fixture_path
 from fixtures.specs import FIXTURES
 from property_tests.strategies import Example, layouts_for
@@ -16,10 +22,19 @@ from property_tests.strategies import Example, layouts_for
 CASES = [(f, lay) for f in sorted(FIXTURES) for lay in layouts_for(f, (1, 2, 4))]
 
 
-def sweep_batch(dp: int) -> Batch:
-    """dp 0 extends two requests (one after a prefix), dp 1 idles, the rest decode."""
+def extend_step(dp: int) -> Batch:
     per = [(R(0, 3), R(2, 2))] + [() if d == 1 else (R(3, 1), R(1, 1)) for d in range(1, dp)]
     return Batch(tuple(per), seed=11 + dp)
+
+
+def decode_step(dp: int) -> Batch:
+    counts = [3, 1, 0, 2][:dp]
+    return Batch(tuple(tuple(R(2 + i, 1) for i in range(c)) for c in counts), seed=21 + dp)
+
+
+def test_sweep_reaches_both_padding_modes():
+    assert padding_mode(extend_step(2)) == padding_mode(extend_step(4)) == SUM_LEN
+    assert padding_mode(decode_step(2)) == padding_mode(decode_step(4)) == MAX_LEN
 
 
 @pytest.mark.parametrize("fixture,layout", CASES, ids=[f"{f}-{l}" for f, l in CASES])
@@ -27,20 +42,26 @@ def test_every_layout(suite, fixture, layout):
     if fixture not in suite.fixtures or layout.tp not in suite.world_sizes:
         pytest.skip("outside this run's --models / --world-sizes")
     target = resolve(suite.target)
-    failures, known = [], []
-    for unit in ("moe", "decoder", "model"):
+    failures, known, ran = [], [], 0
+    for unit in UNITS:
         if unit not in target.units:
             continue
-        for dtype in ("float32", "bfloat16"):
-            ex = Example(fixture, layout, sweep_batch(layout.dp), dtype, layer=1 if unit != "model" else 0)
-            res = run_example(suite.target, unit, str(fixture_path(fixture)), layout, ex.batch, dtype, ex.layer,
-                              suite.device, suite.deadline)
-            if res.skipped:
-                continue
-            if not res.ok:
-                text = f"{res.report()}\nreplay: {ex.replay(unit, suite.target)}"
-                why = known_failure(target, res, fixture, ex.layer)
-                (known if why else failures).append(f"{why}\n{text}" if why else text)
+        layouts = [layout, replace(layout, dp_lm_head=True)] if unit == "model" and layout.dp > 1 else [layout]
+        for lay in layouts:
+            for batch in (extend_step(layout.dp), decode_step(layout.dp)):
+                for dtype in ("float32", "bfloat16"):
+                    ex = Example(fixture, lay, batch, dtype, layer=1 if unit != "model" else 0)
+                    res = run_example(suite.target, unit, str(fixture_path(fixture)), lay, batch, dtype,
+                                      ex.layer, suite.device, suite.deadline)
+                    if res.skipped:
+                        continue
+                    ran += 1
+                    if not res.ok:
+                        text = f"{res.report()}\nreplay: {ex.replay(unit, suite.target)}"
+                        why = known_failure(target, res, fixture, ex.layer)
+                        (known if why else failures).append(f"{why}\n{text}" if why else text)
     assert not failures, "\n\n".join(failures)
     if known:
         pytest.xfail("\n\n".join(known))
+    if not ran:
+        pytest.skip(f"target {target.name} skipped every example of this layout")

@@ -76,6 +76,18 @@ class Step:
         return sum(r.extend for r in self.requests)
 
 
+def to_cpu(v):
+    """A unit's result with every tensor (in lists and dicts too) detached and on the CPU: what `run` returns
+    travels back to the suite's process."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().cpu()
+    if isinstance(v, list):
+        return [to_cpu(x) for x in v]
+    if isinstance(v, dict):
+        return {k: to_cpu(x) for k, x in v.items()}
+    return v
+
+
 def resolve(spec: str | Any) -> Any:
     """'spec', 'pkg.mod:obj' or an object. A class is instantiated with no arguments."""
     if not isinstance(spec, str):

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from checks.batches import SUM_LEN, ceil_align, padding_mode
-from checks.targets.protocol import UNITS, BuildEnv, Step
+from checks.targets.protocol import UNITS, BuildEnv, Step, to_cpu
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -477,7 +477,7 @@ class SpecTarget:
                 counts = out.pop("counts")
         out["expert_counts"] = counts
         out["routing"] = dict(m.routes)
-        return {k: _cpu(v) for k, v in out.items()}
+        return {k: to_cpu(v) for k, v in out.items()}
 
 
 def run_model(m: SpecModel, step: Step) -> dict:
@@ -498,16 +498,6 @@ def run_model(m: SpecModel, step: Step) -> dict:
     counts: dict = {}
     logits, layers, _ = m.forward_model(step, caches, counts)
     return {"logits": logits, "layers": layers, "counts": counts}
-
-
-def _cpu(v):
-    if isinstance(v, torch.Tensor):
-        return v.detach().cpu()
-    if isinstance(v, list):
-        return [_cpu(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _cpu(x) for k, x in v.items()}
-    return v
 
 
 SPEC = SpecTarget()

@@ -48,3 +48,30 @@ def test_collective_discipline_flags_mismatch_and_skip():
                RankResult(1, {}, [_rec(1, (4, 8))], 0.0)]
     c = collective_discipline(skipped, lay)
     assert not c.ok and "skipped" in c.message
+
+
+def test_routing_flip_away_from_a_tie_is_judged_not_excused():
+    """A target that reports other experts than one device on a decided row fails the routing check and
+    keeps that row under the parity check; only a flip on a near-tie row excuses it."""
+    from checks.batches import Batch, Request
+    from checks.parity import routing_analysis
+    from checks.reference import UnitRef
+    probs = torch.tensor([[0.50, 0.30, 0.15, 0.05],       # row 0: top-2 {0, 1}, decided
+                          [0.40, 0.30, 0.30 - 1e-12, 0.0]],  # row 1: experts 1 and 2 tie for place 2
+                         dtype=torch.float64)
+    probs[1, 3] = 1 - probs[1, :3].sum()
+    uref = UnitRef(torch.zeros(2, 4), torch.zeros(2, 4), router=[([probs], [probs.float()])])
+    batch, lay = Batch(((Request(0, 2),),)), Layout(1)
+    cfg = {"num_hidden_layers": 1, "num_experts": 4, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+    def analyse(ids):
+        res = [RankResult(0, {"routing": {0: torch.tensor(ids)}}, [], 0.0)]
+        return routing_analysis(res, uref, batch, lay, "moe", 0, cfg, 2, torch.float32)
+
+    same = analyse([[0, 1], [0, 1]])
+    assert same.check.ok and not same.excused.any()
+    tie_flip = analyse([[0, 1], [0, 2]])
+    assert tie_flip.check.ok and tie_flip.excused.tolist() == [False, True]
+    away = analyse([[0, 2], [0, 1]])
+    assert not away.check.ok and "not near a tie" in away.check.message
+    assert not away.excused.any()          # row 0 stays judged: its parity failure shows the damage

@@ -22,6 +22,13 @@ def test_fixture_default_matrix_parses():
     assert m.gate.margin == 1.0
 
 
+def test_sglang_cpu_matrix_parses():
+    m = load_matrix(DEFAULT_MATRIX.with_name("sglang-cpu.toml"))
+    assert m.baseline.target == "hf"
+    assert {c.target for c in m.configs if not c.baseline} == {"sglang"}
+    assert {(c.tp, c.dp, c.ep) for c in m.configs} >= {(2, 2, 1), (4, 2, 2), (4, 4, 4)}
+
+
 def test_each_rule_is_named():
     msg = _problems({"config": [
         {"name": "a", "baseline": True, "model": "m", "target": "hf"},

@@ -5,7 +5,9 @@ suite's torch.distributed world (gloo on CPU, NCCL on GPU runners). See docs/sgl
 
 This module is light: it checks the installed version (importlib.metadata) and, in rank processes, installs
 the torchvision import-time stand-in (cpu_shims) *before* anything imports sglang (the ranks import this
-module to resolve the target). SGLang itself is imported on the ranks only, in engine.
+module to resolve the target). SGLang itself is imported on the ranks only, in `session` (SGLang's state per layout: parallel runtime,
+model, KV pools, attention backend), `batch` (ForwardBatch per step) and `units` (moe, attention, decoder,
+model).
 """
 from __future__ import annotations
 
@@ -23,22 +25,6 @@ if multiprocessing.parent_process() is not None:
 
 SUPPORTED_VERSIONS = ("0.5.23",)
 INSTALL_HINT = "run scripts/install_sglang_cpu.sh or pip install dpep-parity[sglang]"
-
-# What is not covered, and why (also returned by skip_reason for these units).
-NOT_COVERED = {
-    "attention": (
-        "sglang target: attention is not covered: SGLang's attention (RadixAttention) runs only through a "
-        "ModelRunner-built attention backend over its KV pools (ReqToTokenPool / MHATokenToKVPool, "
-        "out_cache_loc, req_pool_indices); on CPU the only backend without SGLang's CPU kernel build is "
-        "torch_native, and this target does not build those pools yet"),
-    "decoder": (
-        "sglang target: decoder is not covered: Qwen{2,3}MoeDecoderLayer.forward runs RadixAttention, which "
-        "needs the ModelRunner attention backend and KV pools this target does not build (see attention)"),
-    "model": (
-        "sglang target: model is not covered: the whole model needs the attention backend and KV pools (see "
-        "attention), and the Engine / HTTP server do not start on CPU without SGLang's kernel builds"),
-}
-
 
 def sglang_version() -> str | None:
     try:
@@ -70,7 +56,7 @@ def _fail(reason: str):
 
 class SGLangTarget:
     name = "sglang"
-    _units = ("moe",)
+    _units = ("moe", "attention", "decoder", "model")
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -81,11 +67,6 @@ class SGLangTarget:
             _fail(reason)
         return self._units
 
-    def skip_reason(self, unit, config, layout):
-        if unit in NOT_COVERED:
-            return NOT_COVERED[unit]
-        return None
-
     def known_failure(self, result, fixture, layer):
         from checks.targets.sglang.findings import explained
         return explained(result, fixture, layer)
@@ -94,12 +75,12 @@ class SGLangTarget:
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(reason)
-        from checks.targets.sglang import engine
-        return engine.build(unit, env)
+        from checks.targets.sglang import session
+        return session.build(unit, env)
 
     def run(self, built, step):
-        from checks.targets.sglang import engine
-        return engine.run(built, step)
+        from checks.targets.sglang import units
+        return units.run(built, step)
 
 
 TARGET = SGLangTarget()

@@ -89,15 +89,69 @@ def set_cpu_thread_binding(world_size: int) -> None:
 
 # ---------------------------------------------------------------- run time (device == "cpu" only)
 def install(device: str) -> list[str]:
-    """Apply the run-time shims for `device`; returns the names applied (none unless device is cpu)."""
-    if device != "cpu":
-        return []
+    """Apply the run-time shims for `device` (CPU shims only when device is cpu), the gloo transport shims
+    when the world's process groups are gloo, and the workarounds of diagnosed SGLang bugs (every device);
+    returns the names applied."""
+    import torch.distributed as dist
+    gloo = dist.is_initialized() and dist.get_backend() == "gloo"
     done = []
-    for name, fn in _SHIMS:
+    for name, fn in _WORKAROUNDS + (_GLOO_SHIMS if gloo else []) + (_SHIMS if device == "cpu" else []):
         if name not in _INSTALLED:
             _INSTALLED[name] = fn()
         done.append(name)
     return done
+
+
+# ---------------------------------------------------------------- gloo process groups (any device)
+def _gloo_stacked_all_gather():
+    """Stands in for the transport of GroupCoordinator._all_gather_into_tensor when its device group is gloo:
+    torch.distributed.all_gather_into_tensor documents two output forms, the concatenation of the inputs
+    along dim 0 and their stack along a new dim 0, and NCCL accepts both; gloo accepts only the
+    concatenation ("invalid tensor size at index 0 (expected (1, 256), got (1, 1, 256))"). SGLang's
+    LogitsProcessor._gather_attn_tp_logits (dp-lm-head with attention TP > 1) gathers into the stacked form.
+    A stacked output is passed to gloo as the same storage viewed in the concatenated form: the bytes each
+    rank contributes, their order and the result are unchanged."""
+    import torch.distributed as dist
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+    original = GroupCoordinator._all_gather_into_tensor
+
+    def _all_gather_into_tensor(self, output, input):
+        if (output.dim() == input.dim() + 1 and output.is_contiguous()
+                and dist.get_backend(self.device_group) == "gloo"):
+            output = output.view(-1, *input.shape[1:])
+        return original(self, output, input)
+    _all_gather_into_tensor.__wrapped__ = original
+    GroupCoordinator._all_gather_into_tensor = _all_gather_into_tensor
+    return "GroupCoordinator._all_gather_into_tensor: stacked output viewed concatenated on gloo"
+
+
+_GLOO_SHIMS: list = [
+    ("gloo_stacked_all_gather", _gloo_stacked_all_gather),
+]
+
+
+# ---------------------------------------------------------------- workarounds of findings (every device)
+def _torch_native_seq_len_fill_value():
+    """Works around finding F3 (docs/findings.md): under DP attention `ForwardBatch._pad_inputs_to_size`
+    (prepare_mlp_sync_batch, every DP step) asks the attention backend for the sequence length of padded
+    requests (`get_cuda_graph_seq_len_fill_value`, or `get_cpu_graph_seq_len_fill_value` on CPU), and
+    TorchNativeAttnBackend defines neither: the base class raises NotImplementedError, so DP attention with
+    `--attention-backend torch_native` fails on its first step. Give it the value every other backend returns
+    (1: a padded request reads the one dummy slot its padded row writes). checks/targets/sglang/tests pins
+    the failure without this workaround."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    def fill_value(self):
+        return 1
+    for name in ("get_cuda_graph_seq_len_fill_value", "get_cpu_graph_seq_len_fill_value"):
+        if name not in vars(TorchNativeAttnBackend):
+            setattr(TorchNativeAttnBackend, name, fill_value)
+    return "TorchNativeAttnBackend.get_{cuda,cpu}_graph_seq_len_fill_value -> 1 (F3)"
+
+
+_WORKAROUNDS: list = [
+    ("torch_native_seq_len_fill_value", _torch_native_seq_len_fill_value),
+]
 
 
 def _forward_batch_unpinned():
@@ -228,7 +282,19 @@ def _shared_expert_gate_torch():
     return "qwen2_moe.fused_gate_sigmoid_mul(_add): torch, fp32 like the kernel"
 
 
+def _rotary_cpu_platform():
+    """Stands in for `is_cpu()` as read by the rotary embedding's constructor (rotary_embedding.base._is_cpu):
+    on a platform it does not recognise as CPU (off SGLang's CPU engine) it imports the CUDA / vllm rotary
+    kernel (`vllm._custom_ops.rotary_embedding`) that no CPU build has. The flag is read only there; with it
+    the module keeps SGLang's torch path (the cos / sin cache it computes, applied with torch ops).
+    Positions, the cache and the rotation itself stay SGLang's."""
+    from sglang.srt.layers.rotary_embedding import base
+    base._is_cpu = True
+    return "rotary_embedding.base._is_cpu"
+
+
 _SHIMS: list = [
+    ("rotary_cpu_platform", _rotary_cpu_platform),
     ("shared_expert_gate_torch", _shared_expert_gate_torch),
     ("coordinator_cpu_collectives", _coordinator_cpu_collectives),
     ("reduce_scatterv_without_pynccl", _reduce_scatterv_without_pynccl),

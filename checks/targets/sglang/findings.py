@@ -4,9 +4,10 @@
     reason = explained(res, fixture)      # res: checks.parity.ParityResult
     if reason: pytest.xfail(reason)
 
-A failure is explained only when *every* failed check is: F1 on layers that transformers builds dense
-(mlp_only_layers / decoder_sparse_step) of the moe unit; F2 when the only failed check is `dispatch` with
-surplus rows (pad rows dispatched) under DP attention.
+A failure is explained only when *every* failed check is: F1 when the unit runs a layer that transformers
+builds dense (mlp_only_layers / decoder_sparse_step): the moe and decoder units on such a layer, the model
+on a fixture that has one (attention does not touch the MLP); F2 when the only failed check is `dispatch`
+with surplus rows (pad rows dispatched) under DP attention.
 """
 from __future__ import annotations
 
@@ -22,10 +23,16 @@ def explained(res, fixture: str, layer: int | None = None) -> str | None:
         return None
     spec = FIXTURES.get(fixture)
     layer = getattr(res, "layer", layer)
-    if (spec is not None and res.unit == "moe" and layer is not None
-            and not sparse_layers(spec)[layer]):
+    if spec is not None and _reaches_dense_layer(spec, res.unit, layer):
         return F1
     if res.layout.dp > 1 and all(c.prop == "dispatch" and "padded rows dispatched" in c.message
                                  and ": +" in c.message for c in fails):
         return F2
     return None
+
+
+def _reaches_dense_layer(spec, unit: str, layer) -> bool:
+    dense = [not s for s in sparse_layers(spec)]
+    if unit == "model":
+        return any(dense)
+    return unit in ("moe", "decoder") and layer is not None and dense[layer]

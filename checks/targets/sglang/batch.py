@@ -1,0 +1,145 @@
+"""SGLang's ForwardBatch for one rank's part of a step, with its KV slots in SGLang's pools.
+
+What SGLang's scheduler would hand the model runner is rebuilt from the suite's batch metadata, which every
+rank holds whole: the rank's requests (prefix in the cache, extend new tokens), their request rows and token
+slots taken from SGLang's own allocators (`ReqToTokenPool.alloc_rows`, `TokenToKVPoolAllocator.alloc`,
+written into `req_to_token` as the scheduler does), positions from SGLang's `compute_position` (extend) or
+`clamp_position` (decode), and under DP attention the per-DP-rank counts the scheduler all-gathers
+(`global_num_tokens`, and `global_num_tokens_for_logprob` by the scheduler's own rule: one row per request to
+sample in extend, every row in decode). Then SGLang's eager preparation runs: `ModelRunner.
+_prepare_eager_forward_batch` (attention-TP alignment, the DP padding mode, MAX_LEN padding of inputs, request
+rows and cache slots, gathered-buffer sizes, `num_token_non_padded`) and the backend's
+`init_forward_metadata`, as `EagerRunner` does before `model.forward`.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from checks.batches import DECODE, EXTEND, IDLE, Batch, Request
+
+
+class _RunnerStub:
+    """What ModelRunner._prepare_eager_forward_batch / ForwardBatch.prepare_mlp_sync_batch read of the model
+    runner, outside the attention backend: the methods are SGLang's own (bound below)."""
+
+    is_draft_worker = False
+    enable_elastic_ep = False
+    lora_manager = None
+    hisparse_coordinator = None
+
+    def __init__(self, model_config, attn_backend):
+        self.model_config = model_config
+        self.attn_backend = attn_backend
+
+
+def _bind_runner_methods():
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    _RunnerStub.attn_tp_sequence_sharded = ModelRunner.attn_tp_sequence_sharded
+    _RunnerStub.prepare_eager = ModelRunner._prepare_eager_forward_batch
+
+
+def prefix_batch(batch: Batch) -> Batch:
+    """The priming step: every request's prefix as an extend from an empty cache (ranks without one idle)."""
+    return Batch(tuple(tuple(Request(0, r.prefix) for r in reqs if r.prefix) for reqs in batch.per_dp), batch.seed)
+
+
+def logprob_rows(reqs: tuple[Request, ...], mode: str) -> int:
+    """SGLang's scheduler (scheduler_components/dp_attn.py): rows the logits processor samples per DP rank,
+    without input logprobs: one per request in extend, every token in decode, none when idle."""
+    return 0 if mode == IDLE else (len(reqs) if mode == EXTEND else sum(r.extend for r in reqs))
+
+
+def request_rows(pools, n: int) -> list[int]:
+    """Rows of SGLang's request pool for one example's requests, kept from the priming step to the step
+    under test (the KV cache of a request's prefix lives behind its row)."""
+    rows = pools.req_to_token.alloc_rows(n) if n else []
+    if rows is None:
+        raise RuntimeError(f"sglang target: request pool has no {n} free rows")
+    return rows
+
+
+def forward_batch(s, batch: Batch, dp_rank: int, rows: list[int], input_ids: torch.Tensor | None,
+                  capture_full: bool = False):
+    """The ForwardBatch of this rank's requests in `batch` (request i uses request row rows[i]), prepared by
+    SGLang's eager path. `input_ids`: the extend tokens (None for units fed hidden states: zeros stand in)."""
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardBatch,
+        ForwardMode,
+        clamp_position,
+        compute_position,
+    )
+    if not hasattr(_RunnerStub, "prepare_eager"):
+        _bind_runner_methods()
+    pools, dev = s.pools, s.env.device
+    reqs = batch.per_dp[dp_rank]
+    mode = batch.forward_modes()[dp_rank]
+    n = sum(r.extend for r in reqs)
+    locs = pools.allocator.alloc(n) if n else torch.zeros(0, dtype=torch.int64, device=dev)
+    if locs is None:
+        raise RuntimeError(f"sglang target: KV pool has no {n} free token slots")
+    start = 0
+    for r, row in zip(reqs, rows):
+        pools.req_to_token.write((row, slice(r.prefix, r.total)), locs[start: start + r.extend].to(torch.int32))
+        start += r.extend
+    seq_lens = torch.tensor([r.total for r in reqs], dtype=torch.int64, device=dev)
+    if input_ids is None:
+        input_ids = torch.zeros(n, dtype=torch.int64)
+    kw: dict = {}
+    if mode == EXTEND:
+        ext = torch.tensor([r.extend for r in reqs], dtype=torch.int32, device=dev)
+        pre = torch.tensor([r.prefix for r in reqs], dtype=torch.int32, device=dev)
+        positions, start_loc = compute_position(s.server_args.attention_backend, pre, ext, n)
+        kw = dict(extend_seq_lens=ext, extend_prefix_lens=pre, extend_seq_lens_cpu=[r.extend for r in reqs],
+                  extend_prefix_lens_cpu=[r.prefix for r in reqs], extend_num_tokens=n, extend_start_loc=start_loc,
+                  extend_logprob_start_lens_cpu=[r.prefix for r in reqs])
+    elif mode == DECODE:
+        positions = clamp_position(seq_lens)
+    else:
+        positions = torch.zeros(0, dtype=torch.int64, device=dev)
+    fb = ForwardBatch(
+        forward_mode={EXTEND: ForwardMode.EXTEND, DECODE: ForwardMode.DECODE, IDLE: ForwardMode.IDLE}[mode],
+        batch_size=len(reqs), input_ids=input_ids.to(dev),
+        req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=dev),
+        seq_lens=seq_lens, out_cache_loc=locs.to(torch.int64), seq_lens_sum=int(seq_lens.sum()) if reqs else 0,
+        seq_lens_cpu=seq_lens.cpu(), positions=positions.to(torch.int64),
+        is_extend_in_batch=batch.is_extend_in_batch,
+        capture_hidden_mode=CaptureHiddenMode.FULL if capture_full else CaptureHiddenMode.NULL, **kw)
+    fb._init_num_token_non_padded(device=dev, is_draft_worker=False)
+    if s.env.layout.dp > 1:
+        # What the scheduler all-gathers (tokens per DP rank) is the batch metadata every rank already has.
+        counts = batch.tokens_per_dp()
+        sample = [logprob_rows(rq, m) for rq, m in zip(batch.per_dp, batch.forward_modes())]
+        fb.global_num_tokens_cpu = list(counts)
+        fb.global_num_tokens_for_logprob_cpu = list(sample)
+        fb.global_num_tokens_gpu = torch.tensor(counts, dtype=torch.int64, device=dev)
+        fb.global_num_tokens_for_logprob_gpu = torch.tensor(sample, dtype=torch.int64, device=dev)
+    _RunnerStub(s.model_config, pools.backend).prepare_eager(fb)
+    if fb.batch_size > 0:
+        pools.backend.init_forward_metadata(fb)
+    else:
+        pools.backend.forward_metadata = None    # EagerRunner._execute_idle
+    return fb
+
+
+@contextmanager
+def running(s, fb):
+    """The scope ModelRunner._forward_raw opens around a forward: the forward context (attention backend and
+    batch) and the model's shared-experts configuration."""
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.runtime_context import get_model
+    with get_model().override(shared_experts=s.model.shared_experts_config), \
+            forward_context(ForwardContext(attn_backend=s.pools.backend), forward_batch=fb):
+        yield
+
+
+def gathered_start(fb) -> int:
+    """Where this rank's rows start in the DP-gathered buffer the FFN sees: SGLang's padded per-DP-rank counts
+    after preparation (MAX_LEN: equal slots), this rank's slot from `dp_slot_in`; 0 without DP attention."""
+    from sglang.srt.layers.dp_attention import dp_slot_in
+    counts = fb.global_num_tokens_cpu
+    if counts is None:
+        return 0
+    return sum(counts[: dp_slot_in(counts)])

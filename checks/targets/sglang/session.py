@@ -1,0 +1,208 @@
+"""SGLang's state on one rank for one layout: parallel runtime, the whole model, the KV pools and the attention
+backend. Imported only on the ranks (it imports sglang).
+
+Per process there is one live SGLang parallel state (SGLang keeps it in module globals). The suite reuses rank
+processes across layouts and caches `build` results per layout, so `build` returns a cheap handle and every
+unit calls `session_for(env)`, which (re)establishes SGLang's state when another layout ran in between:
+SGLang's own teardown (destroy_model_parallel, reset_context), then publish + init_parallel_runtime +
+init_layer_runtime, then the model built by SGLang's `_initialize_model` (architecture from the config, the
+shared-experts resolution, the stage-producer check) and loaded by the model class's own `load_weights`.
+Every rank runs the same job sequence, so the group creations (collective in torch) line up.
+
+What a ModelRunner would own and the units need is built here from SGLang's own classes, on the rank's device:
+`ReqToTokenPool`, `MHATokenToKVPool`, the `TokenToKVPoolAllocator` and the `TorchNativeAttnBackend` (its
+constructor reads only `device`, `req_to_token_pool` and `token_to_kv_pool` of a runner: `_PoolOwner`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from checks.targets.protocol import BuildEnv
+from checks.targets.sglang import cpu_shims
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+ATTENTION_BACKEND = "torch_native"   # the one SGLang backend built from pools alone (docs/sglang.md)
+
+STATS: dict[str, list[float]] = {"import": [], "setup": [], "teardown": [], "load": []}
+
+
+@dataclass
+class Handle:
+    unit: str
+    env: BuildEnv
+
+
+def build(unit: str, env: BuildEnv) -> Handle:
+    return Handle(unit, env)
+
+
+class _PoolOwner:
+    """The three attributes of a ModelRunner that TorchNativeAttnBackend.__init__ reads."""
+
+    def __init__(self, device, req_to_token_pool, token_to_kv_pool):
+        self.device = device
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool = token_to_kv_pool
+
+
+class Pools:
+    """SGLang's KV cache for one model on one rank: request rows, token slots, per-layer K/V buffers, and the
+    attention backend over them. Grown (rebuilt) when an example needs more than it holds; reset before every
+    example: allocators cleared and the K/V buffers poisoned with NaN, so a read of a slot this example did
+    not write shows up as NaN in the output instead of passing on stale values."""
+
+    def __init__(self, model, dtype: torch.dtype, device: torch.device):
+        self.model, self.dtype, self.device = model, dtype, device
+        self.tokens = self.rows = self.context = 0
+        self.req_to_token = self.kv = self.allocator = self.backend = None
+
+    def ensure(self, tokens: int, rows: int, context: int) -> None:
+        if tokens <= self.tokens and rows <= self.rows and context <= self.context:
+            return
+        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+        self.tokens, self.rows, self.context = (max(2 * tokens, 1024, self.tokens), max(2 * rows, 16, self.rows),
+                                                max(2 * context, 256, self.context))
+        attn = self.model.model.layers[0].self_attn.attn            # RadixAttention: this rank's head counts
+        dev = str(self.device)
+        self.req_to_token = ReqToTokenPool(size=self.rows, max_context_len=self.context, device=dev,
+                                           enable_memory_saver=False)
+        self.kv = MHATokenToKVPool(size=self.tokens, page_size=1, dtype=self.dtype, head_num=attn.tp_k_head_num,
+                                   head_dim=attn.qk_head_dim, layer_num=len(self.model.model.layers), device=dev,
+                                   enable_memory_saver=False, v_head_dim=attn.v_head_dim)
+        self.allocator = TokenToKVPoolAllocator(self.tokens, self.dtype, dev, self.kv, need_sort=False)
+        self.backend = TorchNativeAttnBackend(_PoolOwner(dev, self.req_to_token, self.kv))
+
+    def reset(self) -> None:
+        self.allocator.clear()
+        self.req_to_token.clear()
+        self.req_to_token.req_to_token.zero_()
+        for buf in (*self.kv.k_buffer, *self.kv.v_buffer):
+            buf.fill_(float("nan"))
+
+
+class Session:
+    """SGLang's state for one (layout, model config, dtype, device) in this process."""
+
+    def __init__(self, key, env: BuildEnv):
+        self.key, self.env = key, env
+        self.model = None
+        self.pools: Pools | None = None
+        self.server_args = self.model_config = None
+
+
+_SESSION: Session | None = None
+
+
+def _key(env: BuildEnv):
+    cfg = hashlib.sha1(json.dumps(env.config, sort_keys=True).encode()).hexdigest()[:16]
+    return (env.layout, cfg, env.dtype, str(env.device))
+
+
+def session_for(env: BuildEnv) -> Session:
+    global _SESSION
+    key = _key(env)
+    if _SESSION is not None and _SESSION.key == key:
+        return _SESSION
+    if _SESSION is not None:
+        t0 = time.perf_counter()
+        _teardown()
+        STATS["teardown"].append(time.perf_counter() - t0)
+        _SESSION = None
+    s = Session(key, env)
+    _setup(s)
+    _SESSION = s
+    return s
+
+
+def _teardown():
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.runtime_context import reset_context
+    parallel_state.destroy_model_parallel()     # SGLang's own teardown of TP / attn-TP / MoE groups
+    reset_context()                             # published config, flags, parallel overrides
+
+
+def _config_dir(config: dict) -> str:
+    """A model directory holding only config.json, for SGLang's ModelConfig (weights come from env), in the
+    world's temporary folder (DPEP_WORLD_TMP: removed with the world, also when its ranks are killed)."""
+    digest = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    root = os.environ.get("DPEP_WORLD_TMP") or tempfile.gettempdir()
+    d = os.path.join(root, f"sglang-config-{os.getpid()}-{digest}")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f)
+    return d
+
+
+def _quiet_sglang() -> None:
+    """SGLang's start-up advice (NUMA, chunked-prefill sizes, unsupported quantizations, model modules that do
+    not import here) is written by every rank at every layout change; keep its errors only, unless
+    DPEP_SGLANG_LOG is set."""
+    if os.environ.get("DPEP_SGLANG_LOG"):
+        return
+    import logging
+    import warnings
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module=r"sglang(\.|$)")
+
+
+def _setup(s: Session):
+    env = s.env
+    lay, dev = env.layout, env.device
+    cpu_shims.set_cpu_thread_binding(lay.tp)
+    _quiet_sglang()
+    t0 = time.perf_counter()
+    cpu_shims.install_torchvision_standin()   # no-op when the target module installed it already
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed import bootstrap
+    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+    cpu_shims.install(dev.type)
+    STATS["import"].append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    server_args = ServerArgs(
+        model_path=_config_dir(env.config), device=dev.type, dtype=_DTYPE_NAMES[env.dtype],
+        tp_size=lay.tp, dp_size=lay.dp, enable_dp_attention=lay.dp > 1, ep_size=lay.ep,
+        enable_dp_lm_head=lay.dp_lm_head, disable_cuda_graph=True, skip_tokenizer_init=True,
+        disable_custom_all_reduce=dev.type == "cpu", attention_backend=ATTENTION_BACKEND,
+        load_format="dummy")
+    reset_context()
+    gpu_id = torch.cuda.current_device() if dev.type == "cuda" else 0
+    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=env.rank, gpu_id=gpu_id, dp_rank=None))
+    # torch.distributed is initialized already: init_distributed_environment keeps it and wraps WORLD;
+    # initialize_model_parallel and initialize_dp_attention build SGLang's groups over it.
+    bootstrap.init_parallel_runtime(server_args=server_args, device=dev.type, dist_port=0)
+    model_config = ModelConfig.from_server_args(server_args)
+    bootstrap.init_layer_runtime(model_config=model_config)
+    s.server_args, s.model_config = server_args, model_config
+    STATS["setup"].append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    s.model = _build_model(env, model_config)
+    s.pools = Pools(s.model, env.dtype, dev)
+    STATS["load"].append(time.perf_counter() - t0)
+
+
+def _build_model(env: BuildEnv, model_config) -> torch.nn.Module:
+    """The whole model as SGLang's loader builds it (`_initialize_model`: the architecture's class from the
+    config, under the resolved shared-experts config, with its stage-producer check), loaded from the fixture's
+    tensors by the model class's own `load_weights` (stacked qkv / gate_up mappings, FusedMoE expert mapping,
+    every parameter's `weight_loader` sharding for this rank) and SGLang's post-load processing."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader, _initialize_model
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+    dev = env.device
+    with set_default_torch_dtype(env.dtype), torch.device(dev):
+        model = _initialize_model(model_config, LoadConfig(load_format="dummy"), None)
+    DefaultModelLoader.load_weights_and_postprocess(model, iter(env.weights.items()), torch.device(dev))
+    return model.eval()
