@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from checks.batches import MAX_LEN, SUM_LEN, ceil_align
-from checks.targets.spec import SpecModel, SpecTarget, rms_norm
+from checks.targets.spec import SpecModel, SpecTarget, linear, rms_norm
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,7 @@ class NormTopkIgnored(SpecModel):
 @mutant("M02", "shared-gate-without-sigmoid", "wrong numbers", "shared-expert gate applied without the sigmoid")
 class SharedGateNoSigmoid(SpecModel):
     def shared_gate(self, i, x):
-        return F.linear(x, self.W(f"model.layers.{i}.mlp.shared_expert_gate.weight"))
+        return linear(x, self.W(f"model.layers.{i}.mlp.shared_expert_gate.weight"))
 
 
 @mutant("M03", "qk-norm-after-rope", "wrong numbers", "Qwen3 qk-norm applied after RoPE instead of before")
@@ -253,6 +253,31 @@ class KvNotReplicated(SpecModel):
 class ResidualEveryRank(SpecModel):
     def folds_residual(self):
         return True
+
+
+@mutant("M07", "max-len-slot-skips-idle-ranks", "wrong numbers, decode only",
+        "under MAX_LEN padding a DP rank finds its slot by counting only the DP ranks holding tokens before it: "
+        "after an idle rank it reads another rank's rows. MAX_LEN is chosen only when no rank extends, so only "
+        "decode steps with an idle DP rank go wrong: a prefill-only engine never shows it")
+class MaxLenSlotSkipsIdle(SpecModel):
+    def slot(self, step, mode):
+        if mode == SUM_LEN:
+            return super().slot(step, mode)
+        counts = step.batch.tokens_per_dp()
+        busy_before = sum(1 for c in counts[: self.dp_rank] if c)
+        return busy_before * self.max_len(counts), counts[self.dp_rank]
+
+
+@mutant("M08", "idle-decode-double-reduce", "wrong numbers, decode only",
+        "a fix for the idle-rank hang (B02) that re-issues the MoE reduction in MAX_LEN steps with an idle DP "
+        "rank, so every rank enters the same collectives, reduces the busy ranks' MoE output twice; MAX_LEN "
+        "is chosen only when no rank extends, so only decode steps with an idle DP rank go wrong: a "
+        "prefill-only engine never shows it")
+class IdleDecodeDoubleReduce(SpecModel):
+    def reduce_and_scatter(self, y, step, mode):
+        if mode != SUM_LEN and 0 in step.batch.tokens_per_dp():
+            dist.all_reduce(y, group=self.g.tp)
+        return super().reduce_and_scatter(y, step, mode)
 
 
 NOT_EXPRESSED = {

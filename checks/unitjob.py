@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from checks.batches import DTYPES, Batch, Request, seq_inputs, seq_token_ids
-from checks.targets.protocol import BuildEnv, Groups, Step, resolve
+from checks.targets.protocol import BuildEnv, Groups, Serving, Step, resolve
 from checks.topology import Layout
 
 
@@ -54,6 +54,7 @@ class UnitJob:
     dtype: str
     layer: int = 0
     token_ids: tuple[tuple[int, ...], ...] | None = None   # model unit: real prompts instead of seeded ids
+    serving: tuple[Serving, ...] | None = None             # per DP rank: a step of a serving session
 
     def __call__(self, ctx) -> dict:
         if ctx.world_size != self.layout.tp:
@@ -78,5 +79,6 @@ class UnitJob:
             hidden = config["hidden_size"]
             rows = [x[r.prefix:] for r, x in zip(reqs, inputs)]   # the MLP sees extend rows only
             inputs = [torch.cat(rows) if rows else torch.zeros(0, hidden, dtype=DTYPES[self.dtype])]
-        step = Step(batch, ctx.rank, dp_rank, reqs, inputs, self.unit)
+        serving = self.serving[dp_rank] if self.serving is not None else None
+        step = Step(batch, ctx.rank, dp_rank, reqs, inputs, self.unit, serving)
         return target.run(built, step)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
-import pickle
 import tempfile
 import time
 import traceback
@@ -23,6 +22,7 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
+from checks import transport
 from checks.recorder import Record, mismatches
 
 
@@ -132,7 +132,7 @@ class World:
                 self.close()
                 raise WorldFailure("died", f"rank {rank} did not join the world within {self.deadline_s}s")
             try:
-                msg = c.recv()
+                msg = transport.loads(c.recv_bytes())
             except (EOFError, OSError):
                 msg = ("failed", f"process exited with code {self._procs[rank].exitcode} before joining")
             if msg[0] != "ready":
@@ -148,7 +148,7 @@ class World:
         if not kill:
             for c in self._conns:
                 try:
-                    c.send_bytes(pickle.dumps(None))
+                    c.send_bytes(transport.dumps(None))
                 except (OSError, BrokenPipeError):
                     pass
             end = time.monotonic() + 3
@@ -180,7 +180,7 @@ class World:
     def run(self, job: Any, deadline_s: float | None = None) -> list[RankResult]:
         """Run `job` (a picklable callable taking a RankContext) on every rank."""
         self.start()
-        payload = pickle.dumps(job)
+        payload = transport.dumps(job)
         for c in self._conns:
             c.send_bytes(payload)
         states = [_RankState() for _ in range(self.size)]
@@ -192,7 +192,7 @@ class World:
             for c in ready:
                 r = conn_rank[id(c)]
                 try:
-                    msg = c.recv()
+                    msg = transport.loads(c.recv_bytes())
                 except (EOFError, OSError):
                     states[r].finished = states[r].died = True
                     states[r].error = states[r].error or f"rank {r} process died (exit code {self._procs[r].exitcode})"
@@ -322,6 +322,10 @@ class RankContext:
 
 
 def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
+    from checks import transport
+
+    def send(msg):
+        conn.send_bytes(transport.dumps(msg))
     try:
         os.environ.update(env)
         # the world's own temporary folder, removed by the parent when the world closes (even after a kill):
@@ -337,28 +341,28 @@ def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size,
                                 timeout=timedelta(seconds=max(timeout_s, 30)))
         from checks.recorder import Recorder
-        rec = Recorder(conn.send)
+        rec = Recorder(send)
         rec.install()
         ctx = RankContext(rank, size, device, backend, {}, rec)
-        conn.send(("ready",))
+        send(("ready",))
     except BaseException:
-        conn.send(("failed", traceback.format_exc()))
+        send(("failed", traceback.format_exc()))
         return
     while True:
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
             break
-        job = pickle.loads(data)
+        job = transport.loads(data)
         if job is None:
             break
         rec.reset()
         t0 = time.perf_counter()
         try:
             value = job(ctx)
-            conn.send(("done", value, time.perf_counter() - t0))
+            send(("done", value, time.perf_counter() - t0))
         except BaseException:
-            conn.send(("error", f"{traceback.format_exc()}"))
+            send(("error", f"{traceback.format_exc()}"))
     try:
         dist.destroy_process_group()
     except Exception:

@@ -19,6 +19,9 @@ first divergent layer), "expert_counts" ({expert: rows dispatched}, this rank's 
 sparse layers the unit ran: with it a near-tie row is excused only where the target's routing really
 differs from one device's, and a different choice away from a tie fails). See docs/targets.md.
 
+Optional: `sessions = True`: the target keeps KV caches across the steps of a serving session (`Step.serving`,
+see `Serving`); without it the serving engine still works, the target recomputing prefixes every step.
+
 Optional: `known_failure(result, fixture, layer) -> str | None`: a diagnosed bug of the target (written up
 in docs/findings.md) that explains every failed check of this result; the suite reports it as an
 expected failure with that text instead of a new failure.
@@ -60,6 +63,21 @@ class BuildEnv:
     layer: int                          # the layer a single-layer unit is taken from
 
 
+@dataclass(frozen=True)
+class Serving:
+    """This DP rank's part of one step of a serving session (checks.serving, unit model only).
+
+    Requests live across the steps of a session: each step extends some of them (a prefill chunk, or one
+    decode token). A target that declares `sessions = True` keeps each request's KV cache under its id from
+    the step that computed it and reads its prefix from there; a target without it recomputes the prefix
+    from `Step.inputs`, which always carry the whole sequence (prefix + extend tokens)."""
+    session: str                        # a new id means every earlier session's state can go
+    ids: tuple[int, ...]                # this DP rank's request ids, in the order of Step.requests
+    released: tuple[int, ...] = ()      # ids of this DP rank that finished: their cache can be freed
+    capacity: tuple[int, int, int] = (0, 0, 0)   # at most (tokens, requests, tokens of one request) held at
+                                        # once on this DP rank during the session: size caches once
+
+
 @dataclass
 class Step:
     """One forward on one rank."""
@@ -70,6 +88,7 @@ class Step:
     inputs: list[torch.Tensor]          # per local request: hidden [prefix+extend, hidden] or token ids
                                         # (unit moe: one tensor [extend rows, hidden])
     unit: str = "model"
+    serving: Serving | None = None      # set by the serving engine: see Serving
 
     @property
     def num_tokens(self) -> int:

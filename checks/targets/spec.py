@@ -14,9 +14,31 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from checks.batches import SUM_LEN, ceil_align, padding_mode
 from checks.targets.protocol import UNITS, BuildEnv, Step, to_cpu
+
+
+def _half_on_cpu(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ b) as a bf16 / fp16 GEMM computes it: products and sums in fp32, one rounding of the output
+    to the dtype. On CUDA that is the kernel itself; on CPU, where torch's half-precision GEMMs are 15-30x
+    slower than fp32 ones on machines without bf16 units, the same contract is computed in fp32 (a product of
+    two bf16 or fp16 values is exact in fp32) and rounded once."""
+    if _half_on_cpu(x):
+        return F.linear(x.float(), w.float(), None if b is None else b.float()).to(x.dtype)
+    return F.linear(x, w, b)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b under the same half-precision GEMM contract as `linear`."""
+    if _half_on_cpu(a):
+        return torch.matmul(a.float(), b.float()).to(a.dtype)
+    return torch.matmul(a, b)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,6 +76,9 @@ class SpecModel:
         self.inv_freq = inv_freq.to(self.dev)
         self._cache: dict = {}
         self.routes: dict[int, torch.Tensor] = {}
+        self.sessions: dict[str, dict[int, dict]] = {}   # serving: session -> request -> {layer: (k, v)}
+        self.kv_prefix: dict[tuple[int, int], tuple] = {}  # (layer, request): cached K/V of the prefix
+        self.kv_new: dict[tuple[int, int], tuple] = {}     # (layer, request): K/V after this forward
 
     # ---------- weights ----------
     def W(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
@@ -112,9 +137,9 @@ class SpecModel:
         qs = slice(qh.start * self.hd, qh.stop * self.hd)
         kr = self.kv_head_range()
         ks = slice(kr.start * self.hd, kr.stop * self.hd)
-        q = F.linear(x, self.W(p + "q_proj.weight", qs), self.W(p + "q_proj.bias", qs) if self.has(p + "q_proj.bias") else None)
-        k = F.linear(x, self.W(p + "k_proj.weight", ks), self.W(p + "k_proj.bias", ks) if self.has(p + "k_proj.bias") else None)
-        v = F.linear(x, self.W(p + "v_proj.weight", ks), self.W(p + "v_proj.bias", ks) if self.has(p + "v_proj.bias") else None)
+        q = linear(x, self.W(p + "q_proj.weight", qs), self.W(p + "q_proj.bias", qs) if self.has(p + "q_proj.bias") else None)
+        k = linear(x, self.W(p + "k_proj.weight", ks), self.W(p + "k_proj.bias", ks) if self.has(p + "k_proj.bias") else None)
+        v = linear(x, self.W(p + "v_proj.weight", ks), self.W(p + "v_proj.bias", ks) if self.has(p + "v_proj.bias") else None)
         q, k, v = (t.view(t.shape[0], -1, self.hd) for t in (q, k, v))
         q, k = self.qk_norm_and_rope(i, q, k, pos)
         return q, k, v
@@ -134,28 +159,55 @@ class SpecModel:
         return x * cos + rotate_half(x) * sin
 
     def attention(self, i: int, step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
-        """xs: per local request, normed hidden of prefix + extend rows. Returns this rank's o_proj partial
-        [extend rows, hidden] (not reduced: under DP attention the DP gather sums it)."""
-        outs = []
-        for req, x in zip(step.requests, xs):
-            q, k, v = self.qkv(i, x, torch.arange(req.total, device=x.device))
-            outs.append(self.attend(q[req.prefix:], k, v, req.prefix))
+        """xs: per local request, the normed hidden rows whose K/V are not cached: prefix + extend rows, or
+        only the extend rows when the KV cache holds the prefix (self.kv_prefix[(i, j)] = (k, v), as a
+        serving session keeps it). Every request's rows are projected at once; each request attends over
+        its cached and new K/V; self.kv_new[(i, j)] keeps the request's whole K/V for the next step. Returns
+        this rank's o_proj partial [extend rows, hidden] (not reduced: under DP attention the DP gather
+        sums it)."""
+        starts = [r.prefix if (i, j) in self.kv_prefix else 0 for j, r in enumerate(step.requests)]
+        pos = [torch.arange(a, r.total, device=self.dev) for a, r in zip(starts, step.requests)]
         qh = self.shard(self.heads, self.lay.attn_tp, self.attn_tp_rank)
+        outs = []
+        if xs:
+            q, k, v = self.qkv(i, torch.cat(xs), torch.cat(pos))
+            sizes = [x.shape[0] for x in xs]
+            qs, ks, vs = [], [], []
+            for j, (req, qj, kj, vj) in enumerate(zip(step.requests, q.split(sizes), k.split(sizes),
+                                                        v.split(sizes))):
+                if (i, j) in self.kv_prefix:
+                    kp, vp = self.kv_prefix[(i, j)]
+                    kj, vj = torch.cat([kp, kj]), torch.cat([vp, vj])
+                self.kv_new[(i, j)] = (kj, vj)
+                qs.append(qj[qj.shape[0] - req.extend:])
+                ks.append(kj)
+                vs.append(vj)
+            outs = self.attend(qs, ks, vs, [r.prefix for r in step.requests])
         o = torch.cat(outs) if outs else torch.zeros(0, qh.stop - qh.start, self.hd, dtype=self.dt, device=self.dev)
         o = o.reshape(o.shape[0], (qh.stop - qh.start) * self.hd)
         cols = slice(qh.start * self.hd, qh.stop * self.hd)
-        return F.linear(o, self.W(f"model.layers.{i}.self_attn.o_proj.weight", cols=cols))
+        return linear(o, self.W(f"model.layers.{i}.self_attn.o_proj.weight", cols=cols))
 
-    def attend(self, q, k, v, prefix: int):
-        """Eager causal attention with GQA, as transformers computes it (softmax in fp32)."""
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        s = torch.einsum("qhd,khd->hqk", q, k) * self.hd ** -0.5
-        nq, nk = q.shape[0], k.shape[0]
-        mask = torch.arange(nk)[None, :] > (torch.arange(nq)[:, None] + prefix)
-        s = s.masked_fill(mask[None].to(s.device), torch.finfo(s.dtype).min)
-        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.einsum("hqk,khd->qhd", p, v)
+    def attend(self, qs: list[torch.Tensor], ks: list[torch.Tensor], vs: list[torch.Tensor], prefixes: list[int]):
+        """Eager causal attention with GQA, as transformers computes it (softmax in fp32), for every request
+        at once: queries and keys padded to the longest, padded keys masked like future ones. Per request:
+        q [extend, heads, hd] at positions prefix.., k / v [prefix + extend, kv heads, hd]."""
+        Q, K, V = (pad_sequence(t, batch_first=True) for t in (qs, ks, vs))
+        b, nq, h, d = Q.shape
+        nk, kvh = K.shape[1], K.shape[2]
+        rep = h // kvh
+        # GQA without copying K / V per query head: head g * rep + r attends with KV head g
+        Qg = Q.permute(0, 2, 1, 3).reshape(b, kvh, rep * nq, d)
+        s = matmul(Qg, K.permute(0, 2, 3, 1)).reshape(b, h, nq, nk) * self.hd ** -0.5   # [b, h, q, k]
+        key = torch.arange(nk, device=Q.device)
+        qpos = torch.tensor(prefixes, device=Q.device)[:, None] + torch.arange(nq, device=Q.device)[None]
+        total = torch.tensor([k.shape[0] for k in ks], device=Q.device)
+        mask = (key[None, None] > qpos[:, :, None]) | (key[None, None] >= total[:, None, None])
+        s = s.masked_fill(mask[:, None], torch.finfo(s.dtype).min)
+        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(Q.dtype)
+        out = matmul(p.reshape(b, kvh, rep * nq, nk), V.transpose(1, 2))                # [b, kvh, rep q, d]
+        out = out.reshape(b, h, nq, d).transpose(1, 2)                                  # [b, q, h, d]
+        return [out[b, : q.shape[0]] for b, q in enumerate(qs)]
 
     # ---------- DP gather / scatter ----------
     def gather(self, local: torch.Tensor, step: Step, mode: str, partial: bool) -> torch.Tensor:
@@ -226,13 +278,13 @@ class SpecModel:
     # ---------- MLPs ----------
     def dense_mlp(self, i: int, x: torch.Tensor, prefix: str, inter: int, parts: int, idx: int):
         s = self.shard(inter, parts, idx)
-        gate = F.linear(x, self.W(prefix + "gate_proj.weight", s))
-        up = F.linear(x, self.W(prefix + "up_proj.weight", s))
-        return F.linear(F.silu(gate) * up, self.W(prefix + "down_proj.weight", cols=s))
+        gate = linear(x, self.W(prefix + "gate_proj.weight", s))
+        up = linear(x, self.W(prefix + "up_proj.weight", s))
+        return linear(F.silu(gate) * up, self.W(prefix + "down_proj.weight", cols=s))
 
     def route(self, i: int, x: torch.Tensor):
         """Replicated router: softmax in fp32, top-k, optional renormalisation (transformers' router)."""
-        logits = F.linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
+        logits = linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         w, ids = torch.topk(probs, self.topk, dim=-1)
         self._route_ids = ids          # reported (sorted, this rank's rows) as the unit's "routing"
@@ -255,7 +307,7 @@ class SpecModel:
         return self.lay.tp, self.rank
 
     def shared_gate(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(F.linear(x, self.W(f"model.layers.{i}.mlp.shared_expert_gate.weight")))
+        return torch.sigmoid(linear(x, self.W(f"model.layers.{i}.mlp.shared_expert_gate.weight")))
 
     def moe(self, i: int, x: torch.Tensor, n_real: int, counts: dict):
         """This rank's partial of the MoE block on all gathered rows; rows >= n_real are padding and are
@@ -342,8 +394,8 @@ class SpecModel:
     def layer(self, i: int, step: Step, hidden: torch.Tensor, residual: torch.Tensor | None,
               kv_inputs: list[torch.Tensor], counts: dict):
         """One decoder layer on this rank's extend rows. kv_inputs: per request, the normed hidden of the
-        prefix rows (their K/V, as a KV cache would hold them). Returns (hidden, residual) with the
-        residual add deferred, as sglang's fused add-RMSNorm does."""
+        prefix rows whose K/V are not cached (empty when self.kv_prefix holds them). Returns (hidden,
+        residual) with the residual add deferred, as sglang's fused add-RMSNorm does."""
         p = f"model.layers.{i}."
         if residual is None:
             residual, hidden = hidden, rms_norm(hidden, self.W(p + "input_layernorm.weight"), self.eps)
@@ -402,7 +454,7 @@ class SpecModel:
 
     def vocab_parallel(self, h, parts, idx, group):
         W = self.W("lm_head.weight", self.shard(self.cfg["vocab_size"], parts, idx))
-        part = F.linear(h, W)
+        part = linear(h, W)
         if parts == 1:
             return part
         rows, cols = part.shape
@@ -411,38 +463,30 @@ class SpecModel:
         return out.view(parts, rows, cols).permute(1, 0, 2).reshape(rows, parts * cols)
 
     # ---------- the whole model ----------
-    def forward_model(self, step: Step, caches: list | None, counts: dict) -> tuple[torch.Tensor, list, list]:
-        """One forward over this rank's extend tokens. caches[layer][request] holds the normed hidden of
-        prefix rows (input to K/V); filled by this forward for the next. Returns (logits, layers, caches)."""
+    def forward_model(self, step: Step, kv: dict | None, counts: dict) -> tuple[torch.Tensor, list, dict]:
+        """One forward over this rank's extend tokens. kv[(layer, request)] = (k, v): the KV cache of the
+        request's prefix (empty or None: no prefix). Returns (logits, per-layer outputs, the K/V of every
+        request after this forward, for the next)."""
         ids = torch.cat([t[r.prefix:] for r, t in zip(step.requests, step.inputs)]) if step.requests else \
             torch.zeros(0, dtype=torch.long)
         hidden, residual = self.embed(ids.to(self.dev)), None
-        n = self.cfg["num_hidden_layers"]
         self.routes = {}
-        new_caches, layers = [], []
-        for i in range(n):
-            pre = caches[i] if caches else [torch.zeros(0, self.H, dtype=self.dt, device=self.dev)
-                                            for _ in step.requests]
-            normed = self._normed_input(i, hidden, residual)
-            hidden, residual = self.layer(i, step, hidden, residual, pre, counts)
-            start, c = 0, []
-            for req, p in zip(step.requests, pre):
-                c.append(torch.cat([p, normed[start: start + req.extend]]))
-                start += req.extend
-            new_caches.append(c)
+        self.kv_prefix, self.kv_new = dict(kv or {}), {}
+        none = [torch.zeros(0, self.H, dtype=self.dt, device=self.dev) for _ in step.requests]
+        layers = []
+        for i in range(self.cfg["num_hidden_layers"]):
+            hidden, residual = self.layer(i, step, hidden, residual, none, counts)
             layers.append(hidden + residual)
         final = rms_norm(hidden + residual, self.W("model.norm.weight"), self.eps)
-        return self.lm_head(final, step), layers, new_caches
-
-    def _normed_input(self, i, hidden, residual):
-        x = hidden if residual is None else hidden + residual
-        return rms_norm(x, self.W(f"model.layers.{i}.input_layernorm.weight"), self.eps)
+        new, self.kv_prefix, self.kv_new = self.kv_new, {}, {}
+        return self.lm_head(final, step), layers, new
 
 
 class SpecTarget:
     """The protocol object for SpecModel (and its mutants: set `model_class`)."""
     name = "spec"
     units = UNITS
+    sessions = True          # keeps KV caches across the steps of a serving session (run_model)
     model_class = SpecModel
 
     def build(self, unit: str, env: BuildEnv):
@@ -452,7 +496,7 @@ class SpecTarget:
         unit = step.unit
         i = m.env.layer
         counts: dict = {}
-        m.routes = {}
+        m.routes, m.kv_prefix, m.kv_new = {}, {}, {}
         out: dict = {"padding_mode": m.padding_mode(step) if m.lay.dp > 1 else None}
         with torch.no_grad():
             if unit == "moe":
@@ -481,22 +525,47 @@ class SpecTarget:
 
 
 def run_model(m: SpecModel, step: Step) -> dict:
-    """Prefix forward (fills the KV cache; ranks without prefix are idle in it), then the extend forward."""
+    """Prefix forward (fills the KV cache; ranks without prefix are idle in it), then the extend forward.
+    In a serving session the prefix comes from the session's cache instead (serve_step)."""
     from checks.batches import Batch, Request
-    caches = None
+    if step.serving is not None:
+        return serve_step(m, step)
+    kv: dict = {}
     prefix_batch = Batch(tuple(tuple(Request(0, r.prefix) for r in reqs if r.prefix) for reqs in step.batch.per_dp),
                          step.batch.seed)
     if not prefix_batch.nobody_runs:
-        reqs = [r for r in step.requests if r.prefix]
-        pstep = Step(prefix_batch, step.rank, step.dp_rank, tuple(Request(0, r.prefix) for r in reqs),
-                     [t[: r.prefix] for r, t in zip(step.requests, step.inputs) if r.prefix])
-        _, _, pc = m.forward_model(pstep, None, {})
-        it = iter(zip(*pc)) if pc and pc[0] else iter(())
-        per_req = {j: next(it) for j, r in enumerate(step.requests) if r.prefix}
-        caches = [[per_req[j][i] if j in per_req else torch.zeros(0, m.H, dtype=m.dt, device=m.dev)
-                   for j in range(len(step.requests))] for i in range(m.cfg["num_hidden_layers"])]
+        which = [j for j, r in enumerate(step.requests) if r.prefix]
+        pstep = Step(prefix_batch, step.rank, step.dp_rank, tuple(Request(0, step.requests[j].prefix) for j in which),
+                     [step.inputs[j][: step.requests[j].prefix] for j in which])
+        _, _, pkv = m.forward_model(pstep, None, {})
+        kv = {(i, which[jj]): pair for (i, jj), pair in pkv.items()}
     counts: dict = {}
-    logits, layers, _ = m.forward_model(step, caches, counts)
+    logits, layers, _ = m.forward_model(step, kv, counts)
+    return {"logits": logits, "layers": layers, "counts": counts}
+
+
+def serve_step(m: SpecModel, step: Step) -> dict:
+    """One step of a serving session: each request's KV cache (per layer, the K and V of its tokens) lives in
+    the built model under (session, request id) and grows by the rows this step computes; released
+    requests' caches are dropped, and so is every other session."""
+    sv = step.serving
+    for other in [k for k in m.sessions if k != sv.session]:
+        del m.sessions[other]
+    store = m.sessions.setdefault(sv.session, {})
+    for rid in sv.released:
+        store.pop(rid, None)
+    kv = {}
+    for j, (r, rid) in enumerate(zip(step.requests, sv.ids)):
+        cached = store.get(rid, {})
+        have = cached[0][0].shape[0] if cached else 0
+        if have != r.prefix:
+            raise RuntimeError(f"spec serving: request {rid} extends after {r.prefix} tokens but its cache "
+                               f"holds {have}")
+        kv.update({(i, j): pair for i, pair in cached.items()})
+    counts: dict = {}
+    logits, layers, new = m.forward_model(step, kv, counts)
+    for (i, j), pair in new.items():
+        store.setdefault(sv.ids[j], {})[i] = pair
     return {"logits": logits, "layers": layers, "counts": counts}
 
 

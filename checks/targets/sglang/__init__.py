@@ -57,6 +57,7 @@ def _fail(reason: str):
 class SGLangTarget:
     name = "sglang"
     _units = ("moe", "attention", "decoder", "model")
+    sessions = True          # serving sessions keep their KV cache in SGLang's pools (units.serve_model)
 
     @property
     def units(self) -> tuple[str, ...]:

@@ -97,6 +97,7 @@ class Session:
         self.model = None
         self.pools: Pools | None = None
         self.server_args = self.model_config = None
+        self.serving = None          # units.ServingState of the serving session whose KV the pools hold
 
 
 _SESSION: Session | None = None

@@ -30,12 +30,16 @@ from checks.targets.sglang.session import Handle, session_for
 
 def run(h: Handle, step: Step) -> dict:
     s = session_for(h.env)
-    reqs = step.requests
-    s.pools.ensure(tokens=sum(r.total for r in reqs) + 1, rows=len(reqs) + 1,
-                   context=max((r.total for r in reqs), default=1))
-    s.pools.reset()
     with torch.no_grad():
-        out = UNITS[h.unit](s, h.env, step)
+        if step.serving is not None and h.unit == "model":
+            out = serve_model(s, h.env, step)
+        else:
+            reqs = step.requests
+            s.pools.ensure(tokens=sum(r.total for r in reqs) + 1, rows=len(reqs) + 1,
+                           context=max((r.total for r in reqs), default=1))
+            s.pools.reset()
+            s.serving = None
+            out = UNITS[h.unit](s, h.env, step)
     return {k: to_cpu(v) for k, v in out.items()}
 
 
@@ -169,7 +173,6 @@ def run_model(s, env: BuildEnv, step: Step) -> dict:
     Per-layer outputs: each layer's capture option (the residual its attention boundary reads, i.e. the
     previous layer's output on this rank's rows) and the final norm's updated residual (the last layer's)."""
     model = s.model
-    n_layers = len(model.model.layers)
     rows = request_rows(s.pools, len(step.requests))
 
     def prime(pb, prow):
@@ -178,6 +181,51 @@ def run_model(s, env: BuildEnv, step: Step) -> dict:
             model.forward(fb.input_ids, fb.positions, fb)
 
     _prime(s, step, rows, prime)
+    return _model_step(s, env, step, rows)
+
+
+class ServingState:
+    """A serving session's requests in SGLang's pools: each request keeps its request row (and behind it
+    its token slots) from the step that admits it to the step after it finishes."""
+
+    def __init__(self, session: str):
+        self.session = session
+        self.rows: dict[int, int] = {}
+        self.tokens: dict[int, int] = {}
+
+
+def serve_model(s, env: BuildEnv, step: Step) -> dict:
+    """A step of a serving session (Step.serving): no priming, every request's prefix is already in SGLang's
+    KV cache from the session's earlier steps. A new session sizes the pools for its capacity and clears
+    them; released requests give their token slots and request row back to SGLang's allocators."""
+    sv = step.serving
+    pools, st = s.pools, s.serving
+    if st is None or st.session != sv.session:
+        tokens, requests, longest = sv.capacity
+        pools.ensure(tokens=tokens + 1, rows=requests + 1, context=longest)
+        pools.reset()
+        st = s.serving = ServingState(sv.session)
+    for rid in sv.released:
+        row = st.rows.pop(rid, None)
+        if row is not None:
+            pools.allocator.free(pools.req_to_token.req_to_token[row, : st.tokens.pop(rid)].to(torch.int64))
+            pools.req_to_token.free_rows([row])
+    for r, rid in zip(step.requests, sv.ids):
+        if rid not in st.rows:
+            if r.prefix:
+                raise RuntimeError(f"sglang serving: request {rid} extends after {r.prefix} tokens it never sent")
+            st.rows[rid] = request_rows(pools, 1)[0]
+        elif st.tokens[rid] != r.prefix:
+            raise RuntimeError(f"sglang serving: request {rid} extends after {r.prefix} tokens, its cache "
+                               f"holds {st.tokens[rid]}")
+        st.tokens[rid] = r.total
+    return _model_step(s, env, step, [st.rows[rid] for rid in sv.ids])
+
+
+def _model_step(s, env: BuildEnv, step: Step, rows: list[int]) -> dict:
+    """The step under test of the model unit: its requests' prefixes are in the KV cache behind `rows`."""
+    model = s.model
+    n_layers = len(model.model.layers)
     ids = _part(step, "extend", torch.zeros(0, dtype=torch.long))
     n = ids.shape[0]
     full = step.batch.is_extend_in_batch
