@@ -12,7 +12,8 @@ import json
 import os
 from pathlib import Path
 
-CACHE_VERSION = 1
+CACHE_VERSION = 3   # 2: the serving engine (KV cache, decode steps) replaced full-forward generation;
+#                     3: reference solutions teacher-forced as whole lines within samples.GOLD_TOKENS
 
 
 def sha256_json(obj) -> str:
@@ -47,6 +48,8 @@ def fingerprint(config, max_gen_toks: int) -> str:
         "tokenizer": config.tokenizer, "base_url": config.base_url if config.engine == "openai" else None,
         "served_model": config.served_model, "server_args": list(config.server_args),
         "max_length": config.max_length, "max_gen_toks": int(max_gen_toks), "replica": config.replica,
+        "serving": [config.serving, config.scheduler, config.max_running, config.max_prefill_tokens,
+                    config.in_flight],
     })[:16]
 
 
@@ -107,3 +110,31 @@ class SampleCache:
                 self.records[self.key(rec["doc_id"], rec["prompt_hash"])] = rec
             fh.flush()
             os.fsync(fh.fileno())
+
+
+class ServingStats:
+    """What the in-process serving engine's steps exercised for one configuration and task (steps, decode
+    steps, steps with an idle DP rank, in MAX_LEN padding, ...), summed over every run that added samples to
+    the cache: a resumed run adds its own steps. Written whole and renamed into place (never torn)."""
+
+    def __init__(self, root: Path | str, config_name: str, task: str, fingerprint: str) -> None:
+        self.path = Path(root) / "cache" / safe_name(config_name) / f"{task}.serving.json"
+        self.fingerprint = fingerprint
+
+    def load(self) -> dict[str, int]:
+        try:
+            row = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return dict(row.get("counts", {})) if row.get("fingerprint") == self.fingerprint else {}
+
+    def add(self, delta: dict[str, int]) -> None:
+        if not any(delta.values()):
+            return
+        counts = self.load()
+        for k, v in delta.items():
+            counts[k] = counts.get(k, 0) + int(v)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "counts": counts}))
+        os.replace(tmp, self.path)

@@ -1,14 +1,22 @@
-"""The paired accuracy-parity gate: every configuration against the baseline, per task.
+"""The paired accuracy-parity gate: every configuration against the baseline, per measure.
 
-Verdict per (configuration, task), see docs/evals.md:
-  FAIL          exact McNemar rejects (accuracy differs), or the answer-symmetry test rejects (answers
-                shift towards one letter), both Holm-adjusted over the whole sign-off at ``alpha``;
-                or a declared hard limit (min_agreement, max_logprob_drift) is broken;
-                or equivalence within +-margin is not shown although the sample could show it.
-  PASS          equivalence shown: TOST p < alpha (the 1-2*alpha CI of the difference is within +-margin).
-  INCONCLUSIVE  equivalence not shown and the sample is too small to show it (smallest showable
-                margin > margin); the report gives that margin and the MDD.
-A configuration takes its worst task verdict; the sign-off its worst configuration verdict.
+Measures (each a paired binary outcome per unit, units grouped in clusters):
+  mmlu        per item: the answer is right; clusters: subjects.
+  gsm8k       per item: the extracted answer is right (gate.gsm8k_metric); items independent.
+  gsm8k-gold  per token of the reference solution, fed by teacher forcing after the prompt (served by decode
+              steps in the in-process engine): the token was the greedy choice; clusters: documents.
+              Only when both runs recorded it (in-process engines).
+
+Verdict per (configuration, measure), see docs/evals.md:
+  FAIL          a test of the error-controlled family rejects at alpha after Holm's correction over every
+                configuration and measure of the sign-off: the difference test (exact sign-flip test of the
+                clusters' summed differences: exact McNemar when units are independent) or, for MMLU, the
+                answer-symmetry test (Bowker's statistic, cluster sign-flip p-value); or a declared hard
+                limit (min_agreement, max_logprob_drift) is broken.
+  PASS          no FAIL, and equivalence within +-margin is shown by both the exact interval and the
+                cluster-robust t interval of the difference (stats.equivalence).
+  INCONCLUSIVE  neither: the report says how many units the observed flip rate would need.
+A configuration takes its worst measure verdict; the sign-off its worst configuration verdict.
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from evals.matrix import GateSettings
 
 LETTERS = "ABCD"
 ORDER = {"PASS": 0, "INCONCLUSIVE": 1, "FAIL": 2}
+MEASURES = ("mmlu", "gsm8k", "gsm8k-gold")
 
 
 class PairingError(ValueError):
@@ -64,16 +73,45 @@ def pair(task: str, base_records: list[dict], cfg_records: list[dict], base_name
     return Paired(task, base_name, cfg_name, [b[i] for i in ids], [c[i] for i in ids])
 
 
+def measures_of(task: str, p: Paired) -> list[str]:
+    """The measures a task's paired records support."""
+    if task != "gsm8k":
+        return [task]
+    gold = all("gold_greedy" in r for r in p.base + p.cfg)
+    return ["gsm8k", "gsm8k-gold"] if gold and p.base else ["gsm8k"]
+
+
 def correct(rec: dict, gate: GateSettings) -> float:
     return rec["metrics"]["acc"] if rec["task"] == "mmlu" else rec["metrics"][gate.gsm8k_metric]
 
 
-def compare(p: Paired, gate: GateSettings, kind: str = "config") -> dict:
-    """All paired statistics of one configuration vs the baseline on one task (fractions)."""
+def outcomes(p: Paired, measure: str, gate: GateSettings):
+    """(baseline outcomes, configuration outcomes, cluster of each unit) as arrays."""
+    if measure == "gsm8k-gold":
+        yb, yc, cl = [], [], []
+        for rb, rc in zip(p.base, p.cfg, strict=True):
+            if len(rb["gold_greedy"]) != len(rc["gold_greedy"]):
+                raise PairingError(f"gsm8k-gold: {rb['doc_id']} scored {len(rb['gold_greedy'])} reference "
+                                   f"tokens on {p.base_name!r}, {len(rc['gold_greedy'])} on {p.cfg_name!r}")
+            yb += rb["gold_greedy"]
+            yc += rc["gold_greedy"]
+            cl += [rb["doc_id"]] * len(rb["gold_greedy"])
+        return np.array(yb, dtype=float), np.array(yc, dtype=float), np.array(cl)
     yb = np.array([correct(r, gate) for r in p.base])
     yc = np.array([correct(r, gate) for r in p.cfg])
+    cl = np.array([r["subject"] if measure == "mmlu" else r["doc_id"] for r in p.base])
+    return yb, yc, cl
+
+
+def compare(p: Paired, gate: GateSettings, kind: str = "config", measure: str | None = None) -> dict:
+    """All paired statistics of one configuration vs the baseline on one measure (fractions)."""
+    measure = measure or p.task
+    yb, yc, cl = outcomes(p, measure, gate)
     n = int(yb.size)
-    clusters = [r["subject"] for r in p.base] if p.task == "mmlu" else None
+    _, inv = np.unique(cl, return_inverse=True) if n else (None, np.zeros(0, dtype=int))
+    n_clusters = int(inv.max()) + 1 if n else 0
+    clustered = n_clusters < n
+    clusters = cl if clustered else None
     acc_b, se_b = stats.mean_se(yb, clusters)
     acc_c, se_c = stats.mean_se(yc, clusters)
     d = yc - yb
@@ -81,33 +119,35 @@ def compare(p: Paired, gate: GateSettings, kind: str = "config") -> dict:
     se_d = 0.0 if math.isnan(se_d) else se_d
     b = int(np.sum((yb == 1) & (yc == 0)))
     c = int(np.sum((yb == 0) & (yc == 1)))
-    se_eq = max(se_d, stats.agresti_min_se(b, c, n))
-    n_clusters = len(set(clusters)) if clusters else n
-    df = max(n_clusters - 1, 1)
-    t = stats.tost(delta, se_eq, gate.margin / 100, df=df, alpha=gate.alpha)
+    cluster_sums = np.bincount(inv, weights=d, minlength=n_clusters).round().astype(np.int64) if n else []
+    margin = gate.margin_for(measure) / 100
+    eq = stats.equivalence(b, c, n, delta, se_d, max(n_clusters - 1, 1), margin, gate.alpha)
     lo, hi = stats.paired_bootstrap_ci(yb, yc, clusters, n_boot=gate.bootstrap, seed=gate.seed)
     out = {
-        "kind": kind, "task": p.task, "config": p.cfg_name, "baseline": p.base_name, "n": n,
-        "n_clusters": n_clusters if clusters else None,
+        "kind": kind, "task": measure, "config": p.cfg_name, "baseline": p.base_name, "n": n,
+        "unit": "token" if measure == "gsm8k-gold" else "item",
+        "n_clusters": n_clusters if clustered else None,
         "acc_base": acc_b, "se_base": se_b, "acc_cfg": acc_c, "se_cfg": se_c,
-        "se_kind": "cluster-robust by subject" if clusters else "iid",
-        "delta": delta, "se_delta": se_d, "se_equivalence": se_eq,
-        "ci95_bootstrap": [lo, hi], "b_base_only": b, "c_cfg_only": c, "p_mcnemar": stats.mcnemar_exact(b, c),
-        "tost_p": t.p, "ci_tost": [t.ci_low, t.ci_high], "margin": gate.margin / 100,
-        "mdd": stats.mdd(se_eq, gate.alpha, gate.power),
-        "equivalence_mdd": stats.equivalence_mdd(se_eq, gate.alpha, gate.power),
-        "symmetry": None, "drift": None,
+        "se_kind": {"mmlu": "cluster-robust by subject", "gsm8k-gold": "cluster-robust by document"}.get(
+            measure, "iid"),
+        "delta": delta, "se_delta": se_d, "ci95_bootstrap": [lo, hi], "b_base_only": b, "c_cfg_only": c,
+        "p_diff": stats.signflip_test(cluster_sums),
+        "diff_test": "exact sign-flip test over " + ("subjects" if measure == "mmlu" else "documents")
+                     if clustered else "exact McNemar test",
+        "equivalence": {"shown": eq.shown, "exact": [eq.exact_low, eq.exact_high], "t": [eq.t_low, eq.t_high],
+                        "p_t": eq.p},
+        "margin": margin, "symmetry": None, "drift": None,
     }
-    if p.task == "mmlu":
+    if measure == "mmlu":
         pb = [r["pred"] for r in p.base]
         pc = [r["pred"] for r in p.cfg]
-        table = np.zeros((4, 4), dtype=int)
-        for i, j in zip(pb, pc):
-            table[i, j] += 1
-        sym = stats.bowker_symmetry(table, seed=gate.seed)
+        tables = np.zeros((n_clusters, 4, 4), dtype=int)
+        for g, i, j in zip(inv, pb, pc):
+            tables[g, i, j] += 1
+        sym = stats.cluster_symmetry(tables, n_mc=gate.symmetry_draws, seed=gate.seed)
         flips = Counter((LETTERS[i], LETTERS[j]) for i, j in zip(pb, pc) if i != j)
         out["symmetry"] = {"statistic": sym.statistic, "df": sym.df, "p": sym.p_exact,
-                           "p_chi2": sym.p_asymptotic, "method": sym.method, "table": table.tolist(),
+                           "p_chi2": sym.p_asymptotic, "method": sym.method, "table": tables.sum(0).tolist(),
                            "top_flips": [[f"{x}->{y}", k] for (x, y), k in flips.most_common(3)]}
         out["agreement"] = float(np.mean(np.array(pb) == np.array(pc)))
         pairs = list(zip(p.base, p.cfg, strict=True))
@@ -117,10 +157,17 @@ def compare(p: Paired, gate: GateSettings, kind: str = "config") -> dict:
         out["drift"] = {"mean_abs_chosen": float(chosen.mean()), "max_abs_chosen": float(chosen.max()),
                         "max_abs_any_choice": float(every.max())}
         out["agreement_what"] = "same answer letter"
-    else:
+    elif measure == "gsm8k":
         same = [rb["generation"] == rc["generation"] for rb, rc in zip(p.base, p.cfg, strict=True)]
         out["agreement"] = float(np.mean(same))
         out["agreement_what"] = "identical greedy generation"
+    else:
+        lp = np.array([x for r in p.base for x in r["gold_logprob"]]) - \
+            np.array([x for r in p.cfg for x in r["gold_logprob"]])
+        out["agreement"] = float(np.mean(yb == yc))
+        out["agreement_what"] = "same greedy verdict on each reference token"
+        out["drift"] = {"mean_abs_chosen": float(np.abs(lp).mean()), "max_abs_chosen": float(np.abs(lp).max()),
+                        "max_abs_any_choice": float(np.abs(lp).max())}
     out["n_disagree"] = round((1 - out["agreement"]) * n)
     return out
 
@@ -129,37 +176,48 @@ def _pts(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
+def family(comparisons: list[dict]) -> list[tuple[int, str]]:
+    """The error-controlled family: the difference test of every configuration comparison, and the symmetry
+    test of every MMLU one. A/A comparisons are diagnostics, not in it."""
+    return [(i, key) for i, c in enumerate(comparisons) if c["kind"] == "config"
+            for key in ("p_diff", "symmetry") if key == "p_diff" or c["symmetry"]]
+
+
 def decide(comparisons: list[dict], gate: GateSettings) -> None:
-    """Holm-adjust the rejection tests over the sign-off and set each comparison's verdict."""
-    family = [(i, key) for i, c in enumerate(comparisons) if c["kind"] == "config"
-              for key in ("p_mcnemar", "symmetry") if key == "p_mcnemar" or c["symmetry"]]
-    raw = [comparisons[i]["p_mcnemar"] if key == "p_mcnemar" else comparisons[i]["symmetry"]["p"]
-           for i, key in family]
+    """Holm-adjust the family over the sign-off and set each comparison's verdict."""
+    fam = family(comparisons)
+    raw = [comparisons[i]["p_diff"] if key == "p_diff" else comparisons[i]["symmetry"]["p"] for i, key in fam]
     adjusted = stats.holm(raw)
     for c in comparisons:
-        c["p_mcnemar_holm"] = c["p_mcnemar"] if c["kind"] != "config" else None
+        c["p_diff_holm"] = c["p_diff"] if c["kind"] != "config" else None
         if c["symmetry"]:
             c["symmetry"]["p_holm"] = c["symmetry"]["p"] if c["kind"] != "config" else None
-    for (i, key), adj in zip(family, adjusted):
-        if key == "p_mcnemar":
-            comparisons[i]["p_mcnemar_holm"] = adj
+    for (i, key), adj in zip(fam, adjusted):
+        if key == "p_diff":
+            comparisons[i]["p_diff_holm"] = adj
         else:
             comparisons[i]["symmetry"]["p_holm"] = adj
     for c in comparisons:
-        _verdict(c, gate, n_tests=len(raw))
+        c["n_tests"] = len(raw)
+        c["mdd"] = stats.mdd(max(c["se_delta"], stats.agresti_min_se(c["b_base_only"], c["c_cfg_only"], c["n"])),
+                             gate.alpha / max(len(raw), 1), gate.power)
+        _verdict(c, gate)
 
 
-def _verdict(c: dict, gate: GateSettings, n_tests: int) -> None:
-    a, m = gate.alpha, c["margin"]
+def _verdict(c: dict, gate: GateSettings) -> None:
+    a, m, n_tests = gate.alpha, c["margin"], c["n_tests"]
     fail, why = [], []
-    if c["p_mcnemar_holm"] < a:
-        fail.append(f"accuracy differs: {c['b_base_only']} items right only on the baseline vs "
-                    f"{c['c_cfg_only']} only on {c['config']!r} (exact McNemar p={c['p_mcnemar']:.2g}, "
-                    f"Holm-adjusted over {n_tests} tests p={c['p_mcnemar_holm']:.2g} < {a})")
+    if c["p_diff_holm"] < a:
+        inside = abs(c["delta"]) < m
+        fail.append(f"accuracy differs: {c['b_base_only']} {c['unit']}s right only on the baseline vs "
+                    f"{c['c_cfg_only']} only on {c['config']!r}, delta {_pts(c['delta'])} pts ({c['diff_test']} "
+                    f"p={c['p_diff']:.2g}, Holm-adjusted over {n_tests} tests p={c['p_diff_holm']:.2g} < {a})"
+                    + (f"; a systematic difference, smaller than the +-{_pts(m)} pts margin: the layouts do "
+                       "not compute the same function" if inside else ""))
     sym = c["symmetry"]
     if sym and sym["p_holm"] < a:
         flips = ", ".join(f"{f} x{k}" for f, k in sym["top_flips"])
-        fail.append(f"answers shift systematically ({flips}): exact symmetry test p={sym['p']:.2g}, "
+        fail.append(f"answers shift systematically ({flips}): symmetry test p={sym['p']:.2g} ({sym['method']}), "
                     f"Holm-adjusted p={sym['p_holm']:.2g} < {a}")
     if gate.min_agreement is not None and c["agreement"] < gate.min_agreement:
         fail.append(f"agreement {100 * c['agreement']:.1f}% ({c['agreement_what']}) is below the "
@@ -168,22 +226,24 @@ def _verdict(c: dict, gate: GateSettings, n_tests: int) -> None:
     if gate.max_logprob_drift is not None and drift is not None and drift > gate.max_logprob_drift:
         fail.append(f"log-likelihood drift {drift:.3g} nats (mean |delta| of the chosen "
                     f"answer) exceeds the declared ceiling {gate.max_logprob_drift:.3g}")
-    lo, hi = c["ci_tost"]
-    ci = f"{100 * (1 - 2 * a):.0f}% CI of the difference [{_pts(lo)}, {_pts(hi)}] pts"
+    eq = c["equivalence"]
+    level = f"{100 * (1 - 2 * a):.0f}%"
+    ci = (f"{level} exact interval [{_pts(eq['exact'][0])}, {_pts(eq['exact'][1])}] pts, cluster-robust "
+          f"[{_pts(eq['t'][0])}, {_pts(eq['t'][1])}] pts" if c["n_clusters"] else
+          f"{level} exact interval [{_pts(eq['exact'][0])}, {_pts(eq['exact'][1])}] pts, t "
+          f"[{_pts(eq['t'][0])}, {_pts(eq['t'][1])}] pts")
     if fail:
         verdict = "FAIL"
-    elif c["tost_p"] < a:
+    elif eq["shown"]:
         verdict = "PASS"
-        why.append(f"equivalent within +-{_pts(m)} pts: {ci} (TOST p={c['tost_p']:.2g})")
-    elif c["equivalence_mdd"] > m:
-        verdict = "INCONCLUSIVE"
-        why.append(f"sample too small to show equivalence within +-{_pts(m)} pts: the smallest margin "
-                   f"n={c['n']} can show is {_pts(c['equivalence_mdd'])} pts (MDD {_pts(c['mdd'])} pts); "
-                   f"{ci}")
+        why.append(f"equivalent within +-{_pts(m)} pts: {ci}")
     else:
-        verdict = "FAIL"
-        fail.append(f"equivalence within +-{_pts(m)} pts not shown although the sample could show "
-                    f"{_pts(c['equivalence_mdd'])} pts: {ci} (TOST p={c['tost_p']:.2g})")
+        verdict = "INCONCLUSIVE"
+        rate = (c["b_base_only"] + c["c_cfg_only"]) / max(c["n"], 1)
+        need = stats.planned_n(rate, m, a, gate.power)
+        why.append(f"equivalence within +-{_pts(m)} pts not shown: {ci}; at the observed flip rate "
+                   f"{100 * rate:.2f}% about " + (f"{need} {c['unit']}s" if need else "more units than planned")
+                   + f" would show it with probability {gate.power:.0%}, this run has {c['n']}")
     c["verdict"] = verdict
     c["reasons"] = fail + why
 
@@ -200,26 +260,31 @@ def aa_findings(aa: list[dict], deterministic: bool) -> list[str]:
         drift = c["drift"]["max_abs_any_choice"] if c["drift"] else 0.0
         flips = c["b_base_only"] + c["c_cfg_only"]
         differs = c["agreement"] < 1 or flips > 0 or drift > 0
-        what = (f"{c['n_disagree']} of {c['n']} items differ ({c['agreement_what']}), {flips} correctness "
+        what = (f"{c['n_disagree']} of {c['n']} {c['unit']}s differ ({c['agreement_what']}), {flips} correctness "
                 f"flips, max |delta logprob| {drift:.3g}")
         if differs and deterministic:
             notes.append(f"A/A DISAGREEMENT on a deterministic engine ({c['task']}): {what}")
         elif differs:
             notes.append(f"A/A nondeterminism ({c['task']}): {what}")
         else:
-            notes.append(f"A/A identical ({c['task']}, {c['n']} items, bitwise-equal log-probabilities)"
-                         if c["drift"] else f"A/A identical ({c['task']}, {c['n']} items)")
+            notes.append(f"A/A identical ({c['task']}, {c['n']} {c['unit']}s, bitwise-equal log-probabilities)"
+                         if c["drift"] else f"A/A identical ({c['task']}, {c['n']} {c['unit']}s)")
     return notes
 
 
-def planned_power(n_by_task: dict[str, int], gate: GateSettings, flip_rates=(0.01, 0.05, 0.2)) -> list[dict]:
-    """MDD per task before the run, for assumed rates of discordant (flipped) items."""
+def planned_sizes(n_by_task: dict[str, int], gate: GateSettings, n_configs: int,
+                  flip_rates=(0.0, 0.01, 0.05)) -> list[dict]:
+    """Before the run, per task: the items needed for PASS with probability gate.power at assumed flip rates
+    (stats.planned_n, exact interval), and the MDD of the difference test at those rates with Holm's
+    correction (its first step: alpha / family size, the family counting every configuration's tests)."""
+    tests = n_configs * sum(2 if t == "mmlu" else 1 for t in n_by_task)
     rows = []
     for task, n in n_by_task.items():
-        row = {"task": task, "n": n,
-               "mdd": {f"{int(r * 100)}%": stats.mdd(stats.planned_se(n, r), gate.alpha, gate.power)
-                       for r in flip_rates},
-               "smallest_margin_zero_flips": stats.equivalence_mdd(stats.agresti_min_se(0, 0, n),
-                                                                   gate.alpha, gate.power)}
-        rows.append(row)
+        m = gate.margin_for(task) / 100
+        rows.append({
+            "task": task, "n": n, "margin": m, "family": tests,
+            "n_needed": {f"{100 * r:g}%": stats.planned_n(r, m, gate.alpha, gate.power) for r in flip_rates},
+            "mdd": {f"{100 * r:g}%": stats.mdd(stats.planned_se(n, r), gate.alpha / max(tests, 1), gate.power)
+                    for r in flip_rates if r > 0},
+        })
     return rows

@@ -73,10 +73,16 @@ class ForwardEngineLM(TemplateLM):
         return str(getattr(self.tokenizer, "name_or_path", "tokenizer")).replace("/", "__")
 
     # ---------------------------------------------------------------------------- engine
+    @property
+    def _serves(self) -> bool:
+        """The engine schedules requests itself (continuous batching, KV cache): give it everything at once."""
+        return callable(getattr(self.engine, "generate", None))
+
     def _forward(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
-        for i in range(0, len(seqs), self.batch_size):
-            chunk = seqs[i:i + self.batch_size]
+        size = len(seqs) if self._serves else self.batch_size
+        for i in range(0, len(seqs), max(size, 1)):
+            chunk = seqs[i:i + size]
             logits = self.engine.forward(chunk)
             if len(logits) != len(chunk):
                 raise RuntimeError(f"engine {self.engine.name} returned {len(logits)} results for "
@@ -120,6 +126,31 @@ class ForwardEngineLM(TemplateLM):
             self.cache_hook.add_partial("loglikelihood", req[0], (ll, greedy))
         return results
 
+    def forced_scores(self, pairs: list[tuple[str, str]], max_tokens: int | None = None
+                      ) -> list[list[tuple[float, bool]]]:
+        """Teacher forcing: per (context, continuation) pair, each continuation token's log-probability and
+        whether it was the greedy choice. The serving engine feeds the continuation one decode step at a
+        time after a prefill of the context (its decode path, with idle DP ranks as continuations of
+        different lengths end); other engines score it in one full forward. A continuation longer than
+        `max_tokens` tokens (default: half the context window) keeps its whole lines that fit (its first
+        `max_tokens` tokens when its first line is longer), the context its last tokens that fit."""
+        limit = max_tokens or self.max_length // 2
+        encoded = []
+        for ctx, cont in pairs:
+            c_enc, t_enc = self._encode_pair(ctx, cont)
+            if len(t_enc) > limit:
+                ends = [k + 1 for k in range(limit) if "\n" in self.tok_decode([t_enc[k]])]
+                t_enc = t_enc[: ends[-1] if ends else limit]
+            encoded.append((c_enc[-max(1, self.max_length - len(t_enc)):], t_enc))
+        if callable(getattr(self.engine, "score_forced", None)):
+            return self.engine.score_forced([c for c, _ in encoded], [t for _, t in encoded])
+        out = []
+        for (c_enc, t_enc), lg in zip(encoded, self._forward([c + t[:-1] for c, t in encoded])):
+            rows = lg[len(c_enc) - 1:]
+            lp = F.log_softmax(rows, dim=-1)
+            out.append([(float(lp[k, tok]), int(rows[k].argmax()) == tok) for k, tok in enumerate(t_enc)])
+        return out
+
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
@@ -134,7 +165,8 @@ class ForwardEngineLM(TemplateLM):
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy decoding by repeated full forwards (tiny models, no KV cache)."""
+        """Greedy decoding with the task's stop sequences: through the engine's own generation when it has one
+        (the serving engine: batched, KV cache), else by repeated full forwards."""
         from lm_eval.models.utils import handle_stop_sequences
 
         eos_text = self.tok_decode([self.eot_token_id])
@@ -148,6 +180,44 @@ class ForwardEngineLM(TemplateLM):
             max_new = int(kw.get("max_gen_toks", self.max_gen_toks))
             ctx = self.tok_encode(context)[-max(1, self.max_length - max_new):]
             states.append({"ctx": ctx, "gen": [], "until": until, "max": max_new, "done": max_new <= 0})
+        if self._serves:
+            self._generate_served(states)
+        else:
+            self._generate_by_forwards(states)
+        out = []
+        for req, s in zip(requests, states):
+            text = self.tok_decode(s["gen"])
+            for u in s["until"]:
+                if u:
+                    text = text.split(u)[0]
+            out.append(text)
+            self.cache_hook.add_partial("generate_until", req.args, text)
+        return out
+
+    def _stops(self, until: list[str]):
+        """The stop rule of one request on its generated tokens: the end-of-text token, or a stop sequence in
+        the decoded text."""
+        eot = self.eot_token_id
+        until = [u for u in until if u]
+        # A stop sequence that first appears after the newest token ends inside that token's text, and every
+        # token decodes to at least one character (the end-of-text token is checked apart), so decoding the
+        # last len(u) tokens sees it; a few more cover byte-level pieces. Decoding the whole generation at
+        # every step cost more than the forward (quadratic in its length).
+        window = max((len(u) for u in until), default=0) + 4
+
+        def stop(gen: list[int]) -> bool:
+            return gen[-1] == eot or (bool(until) and any(u in self.tok_decode(gen[-window:]) for u in until))
+        return stop
+
+    def _generate_served(self, states: list[dict]) -> None:
+        todo = [s for s in states if not s["done"]]
+        gens = self.engine.generate([s["ctx"] for s in todo], [s["max"] for s in todo],
+                                    [self._stops(s["until"]) for s in todo])
+        for s, gen in zip(todo, gens):
+            s["gen"] = gen[:-1] if gen and gen[-1] == self.eot_token_id else list(gen)
+            self.forward_calls += 1
+
+    def _generate_by_forwards(self, states: list[dict]) -> None:
         while True:
             active = [s for s in states if not s["done"]]
             if not active:
@@ -162,12 +232,3 @@ class ForwardEngineLM(TemplateLM):
                 text = self.tok_decode(s["gen"])
                 if len(s["gen"]) >= s["max"] or any(u and u in text for u in s["until"]):
                     s["done"] = True
-        out = []
-        for req, s in zip(requests, states):
-            text = self.tok_decode(s["gen"])
-            for u in s["until"]:
-                if u:
-                    text = text.split(u)[0]
-            out.append(text)
-            self.cache_hook.add_partial("generate_until", req.args, text)
-        return out

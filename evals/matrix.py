@@ -28,7 +28,10 @@ from pathlib import Path
 import tomllib
 import yaml
 
+from checks.serving.scheduler import POLICIES
+
 ENGINES = ("inproc", "openai", "sglang")
+SERVING_MODES = ("continuous", "prefill")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 GSM8K_METRICS = ("flexible-extract", "strict-match")
 RULES = {
@@ -76,6 +79,12 @@ class Config:
     num_concurrent: int = 1
     batch_size: int = 8
     max_length: int = 4096
+    serving: str = "continuous"        # inproc: "continuous" (KV cache, decode steps) or "prefill" (every
+                                       # token a full forward, as the suite's engine before the serving engine)
+    scheduler: str = "round_robin"     # inproc serving engine: DP controller policy (checks.serving)
+    max_running: int = 32              # inproc serving engine: requests resident per DP rank
+    max_prefill_tokens: int = 2048     # inproc serving engine: prompt tokens per DP rank and step
+    in_flight: int = 0                 # inproc serving engine: requests the client keeps in flight (0: all)
     deterministic: bool | None = None  # default: true for inproc engines
     replica: int = 0                   # 1 for the A/A rerun of the baseline (set by the sign-off)
     model_path: str | None = None      # resolved by resolve_models()
@@ -89,16 +98,30 @@ class Config:
         return self.engine == "inproc" if self.deterministic is None else bool(self.deterministic)
 
 
+# Equivalence margins in accuracy points per measure, and why (docs/evals.md, "Margins"): a margin is the
+# smallest accuracy change a release must not ignore. MMLU: 1 point, about 2.5 standard errors of the full
+# benchmark (14,042 items) at 70 % accuracy, below the spread of published reruns of one model. GSM8K: 2
+# points, about 1.8 standard errors of its 1,319 items at 80 %. GSM8K reference-token agreement (tokens are
+# many, so the difference is precise): 1 point of tokens.
+DEFAULT_MARGINS = {"mmlu": 1.0, "gsm8k": 2.0, "gsm8k-gold": 1.0}
+
+
 @dataclass
 class GateSettings:
-    margin: float = 1.0            # points
+    margin: float | dict = field(default_factory=lambda: dict(DEFAULT_MARGINS))   # points, per measure
     alpha: float = 0.05
     power: float = 0.8
     gsm8k_metric: str = "flexible-extract"
-    bootstrap: int = 2000
+    bootstrap: int = 2000                   # draws of the reported bootstrap interval (0: not computed)
+    symmetry_draws: int = 20000             # Monte Carlo sign flips of the cluster symmetry test
     seed: int = 20240601
     min_agreement: float | None = None      # optional hard floor on answer/output agreement (fraction)
     max_logprob_drift: float | None = None  # optional hard ceiling on mean |delta logprob| (nats)
+
+    def margin_for(self, measure: str) -> float:
+        if isinstance(self.margin, dict):
+            return float(self.margin.get(measure, DEFAULT_MARGINS.get(measure, 1.0)))
+        return float(self.margin)
 
 
 @dataclass
@@ -232,25 +255,41 @@ def _check_config(c: Config, label: str) -> list[str]:
     for key in ("health_timeout_s",):
         if not isinstance(getattr(c, key), int | float) or getattr(c, key) <= 0:
             p.append(f"[required] {label}: {key} must be a positive number")
-    for key in ("num_concurrent", "batch_size", "max_length"):
+    for key in ("num_concurrent", "batch_size", "max_length", "max_running", "max_prefill_tokens"):
         if not _is_pos_int(getattr(c, key)):
             p.append(f"[required] {label}: {key} must be a positive integer")
+    if not isinstance(c.in_flight, int) or isinstance(c.in_flight, bool) or c.in_flight < 0:
+        p.append(f"[required] {label}: in_flight must be an integer >= 0 (0: every request at once)")
+    if c.serving not in SERVING_MODES:
+        p.append(f"[required] {label}: serving must be one of {SERVING_MODES}, got {c.serving!r}")
+    if c.scheduler not in POLICIES:
+        p.append(f"[required] {label}: scheduler must be one of {POLICIES}, got {c.scheduler!r}")
     return p
 
 
 def _parse_gate(raw: dict) -> tuple[GateSettings, list[str]]:
     p = [f"[known-keys] [gate] has unknown key {k!r}" for k in sorted(set(raw) - _GATE_KEYS)]
     g = GateSettings(**{k: v for k, v in raw.items() if k in _GATE_KEYS})
-    if not isinstance(g.margin, int | float) or not g.margin > 0:
-        p.append(f"[gate] margin must be a positive number of accuracy points, got {g.margin!r}")
+    if isinstance(g.margin, dict):
+        unknown = sorted(set(g.margin) - set(DEFAULT_MARGINS))
+        if unknown:
+            p.append(f"[gate] margin has unknown measures {unknown} (known: {sorted(DEFAULT_MARGINS)})")
+        if not all(isinstance(v, int | float) and v > 0 for v in g.margin.values()):
+            p.append(f"[gate] every margin must be a positive number of accuracy points, got {g.margin!r}")
+        g.margin = {**DEFAULT_MARGINS, **g.margin}
+    elif not isinstance(g.margin, int | float) or not g.margin > 0:
+        p.append(f"[gate] margin must be a positive number of accuracy points or a table per measure, "
+                 f"got {g.margin!r}")
     if not isinstance(g.alpha, float) or not 0 < g.alpha < 0.5:
         p.append(f"[gate] alpha must be in (0, 0.5), got {g.alpha!r}")
     if not isinstance(g.power, float) or not 0 < g.power < 1:
         p.append(f"[gate] power must be in (0, 1), got {g.power!r}")
     if g.gsm8k_metric not in GSM8K_METRICS:
         p.append(f"[gate] gsm8k_metric must be one of {GSM8K_METRICS}, got {g.gsm8k_metric!r}")
-    if not _is_pos_int(g.bootstrap):
-        p.append("[gate] bootstrap must be a positive integer")
+    if not (_is_pos_int(g.bootstrap) or g.bootstrap == 0) or isinstance(g.bootstrap, bool):
+        p.append("[gate] bootstrap must be a non-negative integer (0: no bootstrap interval)")
+    if not _is_pos_int(g.symmetry_draws) or g.symmetry_draws < 1000:
+        p.append("[gate] symmetry_draws must be an integer >= 1000")
     if g.min_agreement is not None and not 0 <= g.min_agreement <= 1:
         p.append("[gate] min_agreement must be a fraction in [0, 1]")
     if g.max_logprob_drift is not None and not g.max_logprob_drift >= 0:

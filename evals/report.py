@@ -9,8 +9,9 @@ from evals.data import REPO_ROOT
 
 COLLEAGUE_REPORTS = ("property-suite.json", "kill-table.json")
 TABLE_HEAD = ("| configuration | n | accuracy (SE) | delta vs baseline [95% bootstrap CI] | b / c "
-              "| McNemar p (Holm) | symmetry p (Holm) | TOST p [90% CI] | MDD / min margin | agreement "
-              "| logprob drift mean / max | verdict |")
+              "| difference test p (Holm) | symmetry p (Holm) | exact 90% interval | cluster-robust 90% interval "
+              "| MDD (Holm) | agreement | logprob drift mean / max | verdict |")
+TABLE_COLS = 13
 VERDICT_COLORS = {"PASS": "tab:green", "INCONCLUSIVE": "tab:orange", "FAIL": "tab:red"}
 
 
@@ -57,47 +58,74 @@ def find_colleague_reports(out_dir: Path) -> dict[str, dict]:
 
 
 # ---------------------------------------------------------------------------------- markdown
+def _margins(g: dict, measures) -> str:
+    m = g["margin"]
+    return ", ".join(f"{t} +-{m[t] if isinstance(m, dict) else m} pts" for t in measures)
+
+
 def markdown(rep: dict) -> str:
     g = rep["gate"]
     setup = (f"- matrix: `{rep['matrix']}`; data: `{rep['data_source']}`; subset seed {rep['seed']}; "
-             f"margin +-{g['margin']} pts; alpha {g['alpha']} (Holm over {rep['n_tests']} rejection "
-             f"tests); GSM8K metric `{g['gsm8k_metric']}`; lm-eval {rep['lm_eval_version']}")
-    L = [f"# Accuracy-parity sign-off: **{rep['verdict']}**", "", setup,
+             f"margins {_margins(g, rep['measures'])}; alpha {g['alpha']} (Holm over {rep['n_tests']} tests); "
+             f"GSM8K metric `{g['gsm8k_metric']}`; lm-eval {rep['lm_eval_version']}")
+    L = [f"# Accuracy-parity sign-off: **{rep['verdict']}** (exit code {rep.get('exit_code', '?')})", "", setup,
          f"- baseline: `{rep['baseline']}`", ""]
-    L += ["## Verdicts", "", "| configuration | layout | engine | verdict |", "| --- | --- | --- | --- |"]
+    L += ["## Verdicts", "", "| configuration | layout | engine | dtype | verdict |", "| --- | --- | --- | --- | --- |"]
     for c in rep["configs"]:
-        L.append(f"| {c['name']} | {c['layout']} | {c['engine']} | {c.get('verdict') or 'baseline'} |")
-    L += ["", "## Power before the run", "",
-          "| task | n | MDD if 1% flip | 5% | 20% | smallest equivalence margin with 0 flips |",
-          "| --- | --- | --- | --- | --- | --- |"]
-    for r in rep["power"]:
-        mdd = r["mdd"]
-        L.append(f"| {r['task']} | {r['n']} | {_pts(mdd['1%'])} | {_pts(mdd['5%'])} | {_pts(mdd['20%'])} | "
-                 f"{_pts(r['smallest_margin_zero_flips'])} |")
-    L += ["", ("MDD: minimum detectable difference in accuracy points (power 0.8, alpha 0.05, two-sided), "
-               "for an assumed fraction of items whose correctness flips between the configurations."), ""]
-    for task in rep["tasks"]:
+        L.append(f"| {c['name']} | {c['layout']} | {c['engine']} {c.get('target') or ''} | {c['dtype']} | "
+                 f"{c.get('verdict') or 'baseline'} |")
+    served = [c for c in rep["configs"] if c.get("serving")]
+    if served:
+        L += ["", "## What the engines ran", "",
+              "| configuration | steps | with a prefill | with a decode | prefill + decode | with an idle DP rank "
+              "| MAX_LEN padded | tokens |", "| --- " * 8 + "|"]
+        for c in served:
+            st = c["serving"]
+            L.append(f"| {c['name']} | {st.get('steps', 0)} | {st.get('extend_steps', 0)} | "
+                     f"{st.get('decode_steps', 0)} | {st.get('mixed_steps', 0)} | {st.get('idle_rank_steps', 0)} | "
+                     f"{st.get('max_len_steps', 0)} | {st.get('tokens', 0)} |")
+        L += ["", ("Steps of the in-process serving engine (checks.serving), over every task and every run that "
+                   "filled the cache: each step is one forward of the whole world; 'with an idle DP rank' counts "
+                   "steps where some DP rank had nothing to run while others did, 'MAX_LEN padded' the steps "
+                   "whose DP gather padded every rank to the largest count (as the target reported it).")]
+    L += ["", "## Sample sizes planned before the run", "",
+          "| task | n | margin | n for PASS, 0% flips | 1% flips | 5% flips | MDD (Holm) at 1% flips | 5% |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rep["plan"]:
+        need = r["n_needed"]
+        L.append(f"| {r['task']} | {r['n']} | +-{_pts(r['margin'])} | {need['0%'] or '> 200000'} | "
+                 f"{need['1%'] or '> 200000'} | {need['5%'] or '> 200000'} | {_pts(r['mdd']['1%'])} | "
+                 f"{_pts(r['mdd']['5%'])} |")
+    L += ["", ("n for PASS: items whose exact equivalence interval lies within the margin with probability "
+               f"{g['power']} when the systems are equivalent and that fraction of items flips (half each way). "
+               f"MDD: the difference the difference test detects with power {g['power']} at alpha / "
+               f"{rep['plan'][0]['family'] if rep['plan'] else 1} (Holm's first step)."), ""]
+    for task in rep["measures"]:
         rows = [c for c in rep["comparisons"] if c["task"] == task]
-        L += [f"## {task}", "", TABLE_HEAD, "| --- " * 12 + "|"]
+        unit = rows[0]["unit"] if rows else "item"
+        L += [f"## {task}" + (" (reference-solution tokens, teacher-forced)" if task == "gsm8k-gold" else ""),
+              "", TABLE_HEAD, "| --- " * TABLE_COLS + "|"]
         base = next((c for c in rows), None)
         if base:
             L.append(f"| {base['baseline']} (baseline) | {base['n']} | {_pts(base['acc_base'])} "
-                     f"({_pts(base['se_base'])}) | | | | | | | | | |")
+                     f"({_pts(base['se_base'])}) |" + " |" * (TABLE_COLS - 3))
         for c in rows:
             sym = c["symmetry"]
             drift = c["drift"]
+            eq = c["equivalence"]
             name = c["config"] + (" (A/A)" if c["kind"] == "aa" else "")
             L.append(
                 f"| {name} | {c['n']} | {_pts(c['acc_cfg'])} ({_pts(c['se_cfg'])}) | {_pts(c['delta'])} "
                 f"[{_pts(c['ci95_bootstrap'][0])}, {_pts(c['ci95_bootstrap'][1])}] | {c['b_base_only']} / "
-                f"{c['c_cfg_only']} | {_p(c['p_mcnemar'])} ({_p(c['p_mcnemar_holm'])}) | "
+                f"{c['c_cfg_only']} | {_p(c['p_diff'])} ({_p(c['p_diff_holm'])}) | "
                 + (f"{_p(sym['p'])} ({_p(sym['p_holm'])})" if sym else "n/a")
-                + f" | {_p(c['tost_p'])} [{_pts(c['ci_tost'][0])}, {_pts(c['ci_tost'][1])}] | "
-                f"{_pts(c['mdd'])} / {_pts(c['equivalence_mdd'])} | {100 * c['agreement']:.1f}% | "
+                + f" | [{_pts(eq['exact'][0])}, {_pts(eq['exact'][1])}] | [{_pts(eq['t'][0])}, {_pts(eq['t'][1])}] | "
+                f"{_pts(c['mdd'])} | {100 * c['agreement']:.1f}% | "
                 + (f"{drift['mean_abs_chosen']:.3g} / {drift['max_abs_chosen']:.3g}" if drift else "n/a")
                 + f" | {c['verdict']} |")
-        L += ["", f"SE: {rows[0]['se_kind'] if rows else ''}; b = right only on the baseline, c = right only "
-              "on the configuration; agreement: " + (rows[0]["agreement_what"] if rows else "") + ".", ""]
+        L += ["", f"Units: {unit}s; SE: {rows[0]['se_kind'] if rows else ''}; b = right only on the baseline, "
+              "c = right only on the configuration; difference test: " + (rows[0]["diff_test"] if rows else "")
+              + "; agreement: " + (rows[0]["agreement_what"] if rows else "") + ".", ""]
     L += ["## Why", ""]
     for c in rep["comparisons"]:
         tag = " (A/A)" if c["kind"] == "aa" else ""
@@ -123,7 +151,7 @@ def plot(rep: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = rep["tasks"]
+    tasks = rep["measures"]
     fig, axes = plt.subplots(2, max(1, len(tasks)), figsize=(5.5 * max(1, len(tasks)), 7), squeeze=False)
     for k, task in enumerate(tasks):
         rows = [c for c in rep["comparisons"] if c["task"] == task]
@@ -141,6 +169,13 @@ def plot(rep: dict, path: Path) -> None:
         ax.set_ylabel("accuracy (%) +- 95% CI (color: verdict)")
         ax.set_title(f"{task} (n={rows[0]['n']})")
         ax2 = axes[1][k]
+        if not any(c["b_base_only"] or c["c_cfg_only"] for c in rows):
+            ax2.set_axis_off()          # an empty bar chart reads as a broken plot: say what it means
+            agree = min(c["agreement"] for c in rows)
+            ax2.text(0.5, 0.5, f"no discordant items:\nevery configuration is right on exactly the items\n"
+                     f"the baseline is right on ({rows[0]['n']} items)\nanswer agreement >= {100 * agree:.1f}%",
+                     ha="center", va="center", fontsize=10, transform=ax2.transAxes)
+            continue
         xs2 = range(len(rows))
         ax2.bar([x - 0.2 for x in xs2], [c["b_base_only"] for c in rows], width=0.4,
                 label="right only on baseline")

@@ -104,7 +104,20 @@ def score_mmlu(taskset: TaskSet, s: Sample, resps: list[tuple[float, bool]]) -> 
             "metrics": {"acc": float(metrics["acc"])}}
 
 
-def score_gsm8k(taskset: TaskSet, s: Sample, generation: str) -> dict:
+# Reference-solution tokens teacher-forced per GSM8K document (gsm8k-gold): its whole lines within this many
+# tokens (the first GOLD_TOKENS when its first line is longer). Its first line alone is 32-77 tokens (10th-90th
+# percentile, fixture tokenizer): lengths differ, so DP ranks run out of decode work at different steps.
+GOLD_TOKENS = 64
+
+
+def gold_pair(taskset: TaskSet, s: Sample) -> tuple[str, str]:
+    """(context, reference solution) of a GSM8K document: the prompt and, after lm-eval's target delimiter,
+    the dataset's worked answer, for teacher-forced scoring."""
+    task = taskset.gsm8k_task()
+    return s.prompt, task.config.target_delimiter + task.doc_to_target(s.doc)
+
+
+def score_gsm8k(taskset: TaskSet, s: Sample, generation: str, gold=None) -> dict:
     task = taskset.gsm8k_task()
     inst = dataclasses.replace(s.instances[0], resps=[generation], filtered_resps={})
     for f in task._filters:
@@ -113,9 +126,13 @@ def score_gsm8k(taskset: TaskSet, s: Sample, generation: str) -> dict:
     for key, value in inst.filtered_resps.items():
         extracted[key] = value
         metrics[key] = float(task.process_results(s.doc, [value])["exact_match"])
-    return {"task": "gsm8k", "doc_id": s.doc_id, "prompt_hash": s.prompt_hash, "subject": None,
-            "gold": gsm8k_gold(s.doc["answer"]), "generation": generation, "extracted": extracted,
-            "metrics": metrics}
+    rec = {"task": "gsm8k", "doc_id": s.doc_id, "prompt_hash": s.prompt_hash, "subject": None,
+           "gold": gsm8k_gold(s.doc["answer"]), "generation": generation, "extracted": extracted,
+           "metrics": metrics}
+    if gold is not None:     # teacher-forced reference solution: per token, greedy choice and log-probability
+        rec["gold_greedy"] = [bool(g) for _, g in gold]
+        rec["gold_logprob"] = [round(float(lp), 6) for lp, _ in gold]
+    return rec
 
 
 def run_chunk(lm, taskset: TaskSet, task: str, chunk: list[Sample]) -> list[dict]:
@@ -130,4 +147,6 @@ def run_chunk(lm, taskset: TaskSet, task: str, chunk: list[Sample]) -> list[dict
             k += n
         return out
     gens = lm.generate_until([s.instances[0] for s in chunk], disable_tqdm=True)
-    return [score_gsm8k(taskset, s, g) for s, g in zip(chunk, gens)]
+    forced = getattr(lm, "forced_scores", None)
+    golds = forced([gold_pair(taskset, s) for s in chunk], GOLD_TOKENS) if callable(forced) else [None] * len(chunk)
+    return [score_gsm8k(taskset, s, g, gold) for s, g, gold in zip(chunk, gens, golds)]

@@ -1,7 +1,7 @@
 """``python -m evals signoff``: validate, plan, run every configuration (resumably), gate, report.
 
-Exit codes: 0 pass (or inconclusive without --strict), 1 the gate failed, 2 bad input (nothing ran),
-3 an engine failed during the run (finished samples stay cached; rerun to resume).
+Exit codes: 0 PASS, 1 FAIL, 2 bad input (nothing ran), 3 an engine failed during the run (finished samples
+stay cached; rerun to resume), 4 INCONCLUSIVE (a release is not signed off; --allow-inconclusive makes it 0).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from evals.engines.base import EngineError
 from evals.matrix import MatrixError, load_matrix, resolve_models
 
 DEFAULT_MATRIX = Path(__file__).resolve().parent / "configs" / "fixture-default.toml"
-EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_ENGINE = 0, 1, 2, 3
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_ENGINE, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,15 +31,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gsm8k-limit", type=int, default=None, help="GSM8K items (seeded subset); default all")
     p.add_argument("--tasks", default="mmlu,gsm8k", help="comma-separated subset of mmlu,gsm8k")
     p.add_argument("--out", type=Path, default=Path("runs/signoff"), help="cache, logs and report")
-    p.add_argument("--margin", type=float, default=None, help="equivalence margin in accuracy points "
-                   "(default: the matrix's [gate] margin, else 1.0)")
+    p.add_argument("--margin", type=float, default=None, help="equivalence margin in accuracy points for "
+                   "every measure (default: the matrix's [gate] margin, else mmlu 1.0, gsm8k 2.0, gsm8k-gold 1.0)")
     p.add_argument("--alpha", type=float, default=None, help="significance level (default 0.05)")
     p.add_argument("--aa", action="store_true",
                    help="also rerun the baseline (A/A) to measure its nondeterminism")
     p.add_argument("--seed", type=int, default=1234, help="subset seed (same seed = same documents)")
     p.add_argument("--max-gen-toks", type=int, default=256, help="GSM8K generation budget")
-    p.add_argument("--chunk-size", type=int, default=8, help="samples per engine call and cache write")
-    p.add_argument("--strict", action="store_true", help="exit 1 on INCONCLUSIVE too")
+    p.add_argument("--chunk-size", type=int, default=256,
+                   help="samples per engine call and cache write (the serving engine batches a chunk's requests)")
+    p.add_argument("--allow-inconclusive", action="store_true",
+                   help="exit 0 on INCONCLUSIVE (default: 4, a release is not signed off without a decision)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="torch intra-op threads for in-process engines (1 is fastest for tiny models)")
@@ -105,12 +107,16 @@ def prepare_samples(args, tasks, data):
     return taskset, samples
 
 
-def print_power(rows, gate) -> None:
-    print(f"Power before the run (alpha {gate.alpha}, power {gate.power}; margin +-{gate.margin} pts):")
+def print_plan(rows, gate) -> None:
+    print(f"Sample sizes before the run (alpha {gate.alpha}, power {gate.power}):")
     for r in rows:
-        mdd = ", ".join(f"{100 * v:.2f} pts if {k} of items flip" for k, v in r["mdd"].items())
-        print(f"  {r['task']:6s} n={r['n']:<6d} MDD {mdd}; smallest equivalence margin with no flips: "
-              f"{100 * r['smallest_margin_zero_flips']:.2f} pts")
+        need = ", ".join(f"{k} flips: {v if v is not None else '> 200000'}" for k, v in r["n_needed"].items())
+        mdd = ", ".join(f"{100 * v:.2f} pts if {k} flip" for k, v in r["mdd"].items())
+        short = r["n_needed"]["0%"]
+        warn = (f"  <- n={r['n']} cannot show equivalence within +-{100 * r['margin']:g} pts even with no flips; "
+                f"use at least {short}" if short and r["n"] < short else "")
+        print(f"  {r['task']:6s} n={r['n']:<6d} margin +-{100 * r['margin']:g} pts; n for PASS ({need}); "
+              f"difference test MDD (Holm over {r['family']}) {mdd}{warn}")
 
 
 def run(args) -> int:
@@ -128,7 +134,7 @@ def run(args) -> int:
         return EXIT_INPUT
     from evals import gate as G
     from evals import report
-    from evals.runner import run_config
+    from evals.runner import run_config, serving_stats
 
     gs = matrix.gate
     base = matrix.baseline
@@ -137,8 +143,8 @@ def run(args) -> int:
         configs.insert(1, dataclasses.replace(base, name=f"{base.name}~aa", replica=1, baseline=False))
     print(f"Sign-off: {len(configs)} runs ({', '.join(c.name for c in configs)}), data {data.source}, "
           + ", ".join(f"{t} {len(s)} items" for t, s in samples.items()))
-    power = G.planned_power({t: len(s) for t, s in samples.items()}, gs)
-    print_power(power, gs)
+    power = G.planned_sizes({t: len(s) for t, s in samples.items()}, gs, len(matrix.configs) - 1)
+    print_plan(power, gs)
     sys.stdout.flush()
 
     results, timing = {}, {}
@@ -161,7 +167,8 @@ def run(args) -> int:
             kind = "aa" if c.replica else "config"
             for task in samples:
                 p = G.pair(task, results[base.name][task], results[c.name][task], base.name, c.name)
-                (aa if kind == "aa" else comparisons).append(G.compare(p, gs, kind))
+                for measure in G.measures_of(task, p):
+                    (aa if kind == "aa" else comparisons).append(G.compare(p, gs, kind, measure))
     except G.PairingError as e:
         _err(str(e))
         return EXIT_INPUT
@@ -182,17 +189,18 @@ def run(args) -> int:
         "gate": {**dataclasses.asdict(gs)}, "lm_eval_version": getattr(lm_eval, "__version__", "?"),
         "baseline": base.name, "tasks": list(samples),
         "configs": [{"name": c.name, "layout": c.layout, "engine": c.engine, "target": c.target or c.factory,
-                     "model": c.model_path, "dtype": c.dtype, "verdict": verdicts.get(c.name)}
+                     "model": c.model_path, "dtype": c.dtype, "verdict": verdicts.get(c.name),
+                     "serving": serving_stats(c, samples, args.max_gen_toks, args.out)}
                     for c in matrix.ordered()],
-        "power": power, "comparisons": all_cmp,
-        "n_tests": sum(1 for x in comparisons for _ in (["m"] + (["s"] if x["symmetry"] else []))),
+        "plan": power, "comparisons": all_cmp, "measures": list(dict.fromkeys(x["task"] for x in all_cmp)),
+        "n_tests": len(G.family(all_cmp)),
         "aa": aa_notes, "findings": findings,
         "colleague_reports": report.find_colleague_reports(args.out),
         "timing_s": {**timing, "total": round(time.monotonic() - t0, 2)},
         "max_gen_toks": args.max_gen_toks,
     }
-    failed = overall == "FAIL" or (overall == "INCONCLUSIVE" and args.strict)
-    code = EXIT_FAIL if failed else EXIT_PASS
+    code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL,
+            "INCONCLUSIVE": EXIT_PASS if args.allow_inconclusive else EXIT_INCONCLUSIVE}[overall]
     rep["exit_code"] = code
     files = report.write(rep, args.out)
     print(f"\nVerdict: {overall}")

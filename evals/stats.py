@@ -5,11 +5,13 @@ percentage points. ``d_i = y_cfg_i - y_base_i`` is the paired difference of per-
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import special as sc
 from scipy import stats as sps
 
 Z_POWER_08 = float(sps.norm.ppf(0.8))
@@ -151,7 +153,7 @@ def paired_bootstrap_ci(y_base, y_cfg, clusters=None, n_boot: int = 2000, seed: 
     makes it a cluster bootstrap, consistent with the cluster-robust standard error.
     """
     d = np.asarray(y_cfg, dtype=float) - np.asarray(y_base, dtype=float)
-    if d.size == 0:
+    if d.size == 0 or n_boot <= 0:
         return float("nan"), float("nan")
     if clusters is None:
         sums, counts = d, np.ones_like(d)
@@ -201,3 +203,147 @@ def holm(pvalues) -> list[float]:
         running = max(running, (m - rank) * p[i])
         adj[i] = min(1.0, running)
     return adj.tolist()
+
+
+# ------------------------------------------------------------------------------------ cluster-aware tests
+def signflip_test(cluster_sums) -> float:
+    """Two-sided exact test that paired differences are symmetric about 0, with items dependent within
+    clusters: under H0 each cluster's sum of differences is as likely to carry either sign, so the p-value is
+    P(|sum_g +-s_g| >= |sum_g s_g|) over the 2^G sign patterns, computed exactly by convolution over the
+    integer sums (differences of 0/1 outcomes). With one item per cluster it is the exact McNemar test
+    (conditional on the discordant pairs); with subjects as clusters it stays valid when flips correlate
+    within a subject, where McNemar's independence assumption does not hold."""
+    s = np.abs(np.asarray(cluster_sums, dtype=np.int64))
+    s = s[s > 0]
+    if s.size == 0:
+        return 1.0
+    observed = abs(int(np.asarray(cluster_sums, dtype=np.int64).sum()))
+    total = int(s.sum())
+    dist = np.zeros(2 * total + 1)
+    dist[total] = 1.0
+    for v in s:
+        dist = 0.5 * (np.roll(dist, v) + np.roll(dist, -v))   # no wrap: |partial sums| <= total
+    values = np.abs(np.arange(-total, total + 1))
+    return float(min(1.0, dist[values >= observed].sum()))
+
+
+def cluster_symmetry(tables, n_mc: int = 20000, seed: int = 0, exact_limit: int = 16) -> SymmetryResult:
+    """Bowker's symmetry statistic on the summed (baseline answer x configuration answer) table, with its
+    p-value from the clusters' own sign flips: under H0 every cluster's antisymmetric part (n_ij - n_ji) is
+    as likely to appear reversed, whatever the dependence inside the cluster; the pair totals n_ij + n_ji, the
+    statistic's denominators, do not change under a flip. Exact enumeration with few non-symmetric clusters,
+    seeded Monte Carlo otherwise. One item per cluster gives Bowker's exact conditional test."""
+    t = np.asarray(tables, dtype=float)                     # [clusters, k, k]
+    k = t.shape[1]
+    iu = np.triu_indices(k, 1)
+    a = (t - t.transpose(0, 2, 1))[:, iu[0], iu[1]]         # [clusters, pairs] antisymmetric parts
+    m = (t + t.transpose(0, 2, 1))[:, iu[0], iu[1]].sum(0)  # pair totals
+    used = m > 0
+    if not used.any():
+        return SymmetryResult(0.0, 0, 1.0, 1.0, "no off-diagonal counts")
+    a, m = a[:, used], m[used]
+    a = a[np.abs(a).sum(1) > 0]
+
+    def stat(signs):
+        return ((signs @ a) ** 2 / m).sum(-1)
+    observed = float(stat(np.ones(a.shape[0])))
+    df = len(iu[0])
+    p_asym = float(sps.chi2.sf(observed, df))
+    g = a.shape[0]
+    if g == 0:
+        return SymmetryResult(observed, df, p_asym, 1.0, "every cluster symmetric")
+    if g <= exact_limit:
+        signs = 1 - 2 * ((np.arange(2 ** g)[:, None] >> np.arange(g)) & 1)
+        p = float(np.mean(stat(signs.astype(float)) >= observed - 1e-9))
+        method = f"exact over {2 ** g} sign patterns of {g} clusters"
+    else:
+        rng = np.random.default_rng(seed)
+        signs = rng.choice([-1.0, 1.0], size=(n_mc, g))
+        p = float((1 + np.sum(stat(signs) >= observed - 1e-9)) / (n_mc + 1))
+        method = f"monte-carlo sign flips of {g} clusters ({n_mc}, seed {seed})"
+    return SymmetryResult(observed, df, p_asym, min(1.0, p), method)
+
+
+# ------------------------------------------------------------------------------------ exact bounds
+def cp_upper(k: int, n: int, alpha: float) -> float:
+    """One-sided Clopper-Pearson (1 - alpha) upper bound of a binomial proportion with k of n."""
+    if n <= 0:
+        return 1.0
+    return 1.0 if k >= n else float(sps.beta.ppf(1 - alpha, k + 1, n - k))
+
+
+def delta_upper(k_this: int, m: int, n: int, alpha: float) -> float:
+    """Exact (1 - alpha) upper bound of a paired difference p_this - p_other, where k_this of the m
+    discordant items (of n) fall on this side: delta = pd (2 pi - 1) with pd the discordant rate and pi the
+    share of this side among discordant items, so with both bounded by one-sided Clopper-Pearson bounds at
+    alpha / 2 (Bonferroni), delta <= U(pd) * max(0, 2 U(pi) - 1). It keeps the cancellation between the two
+    directions (symmetric flips bound the difference near 0) and needs no normal approximation; with no
+    discordant item it is 1 - (alpha / 2) ** (1 / n)."""
+    return cp_upper(m, n, alpha / 2) * max(0.0, 2 * cp_upper(k_this, m, alpha / 2) - 1) if m else \
+        cp_upper(0, n, alpha / 2)
+
+
+@dataclass
+class Equivalence:
+    shown: bool
+    exact_low: float     # exact (1 - 2 alpha) interval of the difference, from delta_upper both ways
+    exact_high: float
+    t_low: float         # cluster-robust (1 - 2 alpha) t interval of the difference
+    t_high: float
+    p: float             # TOST p of the cluster-robust interval (reported)
+
+
+def equivalence(b: int, c: int, n: int, delta: float, se: float, df: int, margin: float,
+                alpha: float) -> Equivalence:
+    """Equivalence within +-margin of the paired accuracy difference (c - b) / n, shown by two intervals at
+    once, each the TOST pair of one-sided bounds at alpha:
+    - exact (delta_upper): valid for independent items at any count, including none (no normal
+      approximation, no floor: with no discordant item it needs n >= log(alpha / 2) / log(1 - margin));
+    - cluster-robust: the t interval with the cluster-robust SE (df = clusters - 1), valid when items are
+      dependent within clusters (subjects, documents) and there are enough of them.
+    Equivalence is shown when both lie inside +-margin, so the PASS rate at the boundary stays at or below
+    alpha if either model of the data holds; requiring every configuration and task to PASS makes the
+    sign-off an intersection-union test, which needs no multiplicity correction."""
+    m = b + c
+    hi, lo = delta_upper(c, m, n, alpha), delta_upper(b, m, n, alpha)
+    t = tost(delta, se, margin, df=df, alpha=alpha)
+    shown = hi < margin and lo < margin and t.ci_low > -margin and t.ci_high < margin
+    return Equivalence(shown, -lo, hi, t.ci_low, t.ci_high, t.p)
+
+
+@functools.lru_cache(maxsize=4096)
+def planned_n(flip_rate: float, margin: float, alpha: float = 0.05, power: float = 0.8,
+              n_max: int = 200_000) -> int | None:
+    """Smallest n whose exact equivalence interval lies inside +-margin with probability >= power when the
+    systems are equivalent (delta = 0) and a fraction ``flip_rate`` of items flips, half each way (the
+    number of flips ~ Bin(n, flip_rate), each side ~ Bin(flips, 1/2)). None when above n_max."""
+    q = 1 - alpha / 2
+
+    def p_show(n):
+        if flip_rate <= 0:
+            return 1.0 if delta_upper(0, 0, n, alpha) < margin else 0.0
+        lo_m, hi_m = (int(x) for x in sps.binom.ppf([1e-6, 1 - 1e-6], n, flip_rate))
+        ms = np.arange(lo_m, hi_m + 1)
+        u_pd = np.where(ms >= n, 1.0, sc.betaincinv(ms + 1, np.maximum(n - ms, 1), q))   # cp_upper(m, n)
+        ks = np.arange(hi_m + 1)
+        mm, kk = np.meshgrid(ms, ks, indexing="ij")                                     # [m, k]
+        u_pi = np.where(kk >= mm, 1.0, sc.betaincinv(kk + 1, np.maximum(mm - kk, 1), q))  # cp_upper(k, m)
+        ok = (u_pd[:, None] * np.maximum(0.0, 2 * u_pi - 1) < margin) | (mm == 0)        # side with k items
+        other = np.where(kk <= mm, mm - kk, 0)                                          # ... and the m - k side
+        both = ok & np.take_along_axis(ok, other, axis=1) & (kk <= mm)
+        both[ms == 0] = u_pd[ms == 0, None] < margin
+        w = sps.binom.pmf(kk, mm, 0.5) * both
+        return float((sps.binom.pmf(ms, n, flip_rate) * w.sum(1)).sum())
+    hi = 16
+    while p_show(hi) < power:
+        hi *= 2
+        if hi > n_max:
+            return None
+    lo = hi // 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if p_show(mid) >= power:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -38,5 +38,24 @@ class HFForwardEngine:
             out.append(logits.float().cpu())
         return out
 
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], max_new: list[int], stop: list) -> list[list[int]]:
+        """Greedy generation, one request at a time with transformers' KV cache (one prefill, then one
+        forward per new token), until max_new tokens or the request's stop rule."""
+        out = []
+        for prompt, n, rule in zip(prompts, max_new, stop):
+            gen: list[int] = []
+            ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+            past = None
+            while len(gen) < n:
+                res = self.model(input_ids=ids, past_key_values=past, use_cache=True)
+                past = res.past_key_values
+                gen.append(int(res.logits[0, -1].argmax()))
+                if rule is not None and rule(gen):
+                    break
+                ids = torch.tensor([[gen[-1]]], dtype=torch.long, device=self.device)
+            out.append(gen)
+        return out
+
     def close(self) -> None:
         self.model = None

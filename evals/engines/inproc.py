@@ -2,8 +2,9 @@
 
 - ``target = "hf"``: :class:`HFForwardEngine`, transformers on one device (tp = dp = ep = 1).
 - ``factory = "package.module:callable"``: ``callable(config) -> ForwardEngine`` (plug-ins, tests).
-- any other target (``"spec"``, ``"package.module:object"``): the parallel in-process engine
-  ``checks.serve.ModelServer(model_dir, tp=, dp=, ep=, target=, dtype=)``.
+- any other target (``"spec"``, ``"sglang"``, ``"package.module:object"``): the in-process serving engine
+  ``checks.serving.ServingEngine(model_dir, tp=, dp=, ep=, target=, dtype=, policy=, ...)``: a scheduler
+  over DP ranks, continuous batching, KV caches kept across prefill and decode steps.
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ def import_object(spec: str):
     return obj
 
 
-def model_server_available() -> bool:
+def serving_engine_available() -> bool:
     try:
-        return importlib.util.find_spec("checks.serve") is not None
+        return importlib.util.find_spec("checks.serving") is not None
     except (ImportError, ValueError):
         return False
 
@@ -44,10 +45,10 @@ def check_available(config) -> None:
         if not callable(import_object(config.factory)):
             raise EngineError(f"config {config.name!r}: factory {config.factory!r} is not callable")
     elif config.target != HF_TARGET:
-        if not model_server_available():
+        if not serving_engine_available():
             raise EngineError(
-                f"config {config.name!r}: target {config.target!r} needs the in-process parallel engine "
-                "checks.serve.ModelServer, which is not available in this checkout yet; use "
+                f"config {config.name!r}: target {config.target!r} needs the in-process serving engine "
+                "checks.serving.ServingEngine, which is not available in this checkout; use "
                 f"target = {HF_TARGET!r} for the single-device transformers engine")
         if ":" in config.target:  # a plug-in target: importable now, not after the baseline ran
             try:
@@ -64,10 +65,33 @@ def make_engine(config) -> ForwardEngine:
 
         return HFForwardEngine(config.model_path, config.dtype)
     try:
-        from checks.serve import ModelServer
+        from checks.serving.engine import ServingEngine
     except ImportError as e:
         raise EngineError(
-            f"config {config.name!r}: target {config.target!r} needs checks.serve.ModelServer "
-            f"(the in-process parallel engine), which cannot be imported: {e}") from e
-    return ModelServer(config.model_path, tp=config.tp, dp=config.dp, ep=config.ep,
-                       target=config.target, dtype=config.dtype)
+            f"config {config.name!r}: target {config.target!r} needs checks.serving.ServingEngine "
+            f"(the in-process serving engine), which cannot be imported: {e}") from e
+    engine = ServingEngine(config.model_path, tp=config.tp, dp=config.dp, ep=config.ep, target=config.target,
+                           dtype=config.dtype, policy=config.scheduler, max_running=config.max_running,
+                           max_prefill_tokens=config.max_prefill_tokens, in_flight=config.in_flight)
+    return PrefillOnly(engine) if config.serving == "prefill" else engine
+
+
+class PrefillOnly:
+    """The serving engine seen through `forward` alone: every request one prefill, so the LM adapter generates
+    by repeated full forwards and scores continuations in one forward (no KV cache reuse, no decode step,
+    no idle DP rank while others decode): how the suite's evals ran before the serving engine, kept to show
+    what a prefill-only engine cannot see."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.name = f"{engine.name}:prefill-only"
+
+    @property
+    def stats(self):
+        return self.engine.stats
+
+    def forward(self, requests):
+        return self.engine.forward(requests)
+
+    def close(self) -> None:
+        self.engine.close()

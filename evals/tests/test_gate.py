@@ -57,11 +57,21 @@ def test_identical_large_sample_passes():
     assert c["b_base_only"] == c["c_cfg_only"] == 0
 
 
-def test_small_sample_is_inconclusive_with_mdd():
+def test_small_sample_is_inconclusive_and_says_what_would_decide():
     golds = [0, 1, 2, 3] * 10
     c = run(mmlu_records(golds, golds), mmlu_records(golds, golds))
     assert c["verdict"] == "INCONCLUSIVE"
-    assert "sample too small" in c["reasons"][0] and "MDD" in c["reasons"][0]
+    assert "not shown" in c["reasons"][0] and "about 368 items would show it" in c["reasons"][0]
+
+
+def test_no_discordance_needs_the_exact_sample_size():
+    """An exact bound, not a floor: with no discordant item n = 368 shows +-1 point, n = 367 does not."""
+    for n, verdict in ((367, "INCONCLUSIVE"), (368, "PASS")):
+        golds = [i % 4 for i in range(n)]
+        c = run(gsm_records([1, 0] * (n // 2) + [1] * (n % 2)), gsm_records([1, 0] * (n // 2) + [1] * (n % 2)),
+                GateSettings(margin=1.0), task="gsm8k")
+        assert c["verdict"] == verdict, (n, c["reasons"])
+        del golds
 
 
 def test_accuracy_drop_fails_mcnemar():
@@ -71,7 +81,7 @@ def test_accuracy_drop_fails_mcnemar():
     worse = [(p + 2) % 4 if (p == g and rng.random() < 0.1) else p for p, g in zip(preds, golds)]
     c = run(mmlu_records(preds, golds), mmlu_records(worse, golds))
     assert c["verdict"] == "FAIL"
-    assert any("accuracy differs" in r and "McNemar" in r for r in c["reasons"])
+    assert any("accuracy differs" in r and "sign-flip test over subjects" in r for r in c["reasons"])
 
 
 def test_one_letter_bias_fails_symmetry_even_at_equal_accuracy():
@@ -118,7 +128,7 @@ def test_gsm8k_agreement_and_holm_over_family():
     b = G.compare(G.pair("gsm8k", base, cfg), gate)
     G.decide([a, b], gate)
     assert a["agreement"] == pytest.approx(0.9) and a["symmetry"] is None and a["drift"] is None
-    assert a["p_mcnemar_holm"] == 1.0
+    assert a["p_diff_holm"] == 1.0 and a["diff_test"] == "exact McNemar test"
 
 
 def test_aa_findings_flag_deterministic_disagreement():
@@ -131,7 +141,32 @@ def test_aa_findings_flag_deterministic_disagreement():
     assert "nondeterminism" in G.aa_findings([c], deterministic=False)[0]
 
 
-def test_planned_power_shrinks_with_n():
-    rows = G.planned_power({"small": 100, "big": 10000}, GateSettings())
-    assert rows[0]["mdd"]["5%"] > rows[1]["mdd"]["5%"] > 0
-    assert rows[1]["smallest_margin_zero_flips"] < 0.001
+def test_planned_sizes_grow_with_flips_and_mdd_with_the_family():
+    gate = GateSettings()
+    one = G.planned_sizes({"mmlu": 1000, "gsm8k": 200}, gate, n_configs=1)
+    four = G.planned_sizes({"mmlu": 1000, "gsm8k": 200}, gate, n_configs=4)
+    mm = one[0]
+    assert mm["n_needed"]["0%"] == 368 and mm["n_needed"]["1%"] > mm["n_needed"]["0%"]
+    assert one[1]["n_needed"]["0%"] == 183            # GSM8K's margin is 2 points
+    assert four[0]["mdd"]["1%"] > one[0]["mdd"]["1%"] > 0   # Holm over 12 tests, not 3
+
+
+def test_clustered_flips_are_judged_by_clusters():
+    """Every flip of one subject counts once in the difference test (its p-value comes from the subjects'
+    signs), and flips that cancel within subjects are no evidence of a difference."""
+    subjects = [f"s{i // 50}" for i in range(1000)]            # 20 subjects of 50 items
+    golds = [i % 4 for i in range(1000)]
+    preds = [g if i % 50 < 40 else (g + 1) % 4 for i, g in enumerate(golds)]   # 10 wrong per subject
+    down, mixed = list(preds), list(preds)
+    for i in range(0, 1000, 50):
+        for j in (i, i + 1, i + 2):                            # 3 right -> wrong in every subject
+            down[j] = mixed[j] = (golds[j] + 1) % 4
+        for j in (i + 40, i + 41, i + 42):                     # ... and, in `mixed`, 3 wrong -> right
+            mixed[j] = golds[j]
+    c = run(mmlu_records(preds, golds, subjects), mmlu_records(down, golds, subjects))
+    assert c["diff_test"].startswith("exact sign-flip test over subjects")
+    assert c["b_base_only"] == 60 and c["c_cfg_only"] == 0
+    # 20 subjects all one way: p = 2 / 2^20, a FAIL whatever the dependence of items within a subject
+    assert c["p_diff"] == pytest.approx(2 / 2 ** 20) and c["verdict"] == "FAIL"
+    c = run(mmlu_records(preds, golds, subjects), mmlu_records(mixed, golds, subjects))
+    assert c["b_base_only"] == c["c_cfg_only"] == 60 and c["p_diff"] == 1.0 and c["verdict"] != "FAIL"

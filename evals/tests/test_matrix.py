@@ -19,7 +19,9 @@ def test_fixture_default_matrix_parses():
     assert layouts == [(1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 2, 2), (4, 4, 4)]
     assert {c.engine for c in m.configs} == {"inproc"} and {c.target for c in m.configs} == {"spec"}
     assert {c.model for c in m.configs} == {"fixture:qwen2-moe-shared"}
-    assert m.gate.margin == 1.0
+    assert {t: m.gate.margin_for(t) for t in ("mmlu", "gsm8k", "gsm8k-gold")} == \
+        {"mmlu": 1.0, "gsm8k": 2.0, "gsm8k-gold": 1.0}
+    assert {c.dtype for c in m.configs} == {"bfloat16"}
 
 
 def test_sglang_cpu_matrix_parses():

@@ -57,7 +57,7 @@ def test_identical_engines_pass(tmp_path, tiny_model, data_dir, shared_out, coun
     rc = main(["signoff", "--matrix", str(m), "--data-dir", str(data_dir), "--out", str(shared_out),
                "--margin", "10", "--aa", *LIMITS])
     out = capsys.readouterr().out
-    assert rc == 0, out
+    assert rc == 4, out                                                # INCONCLUSIVE: not signed off
     rep = _report(shared_out)
     by = {(c["config"], c["task"]): c for c in rep["comparisons"]}
     assert by[("candidate", "mmlu")]["verdict"] == "PASS"
@@ -66,16 +66,16 @@ def test_identical_engines_pass(tmp_path, tiny_model, data_dir, shared_out, coun
     for c in rep["comparisons"]:
         assert c["agreement"] == 1.0 and c["b_base_only"] == c["c_cfg_only"] == 0
     assert ("base~aa", "mmlu") in by and any("A/A identical" in n for n in rep["aa"])
-    assert "Power before the run" in out and "MDD" in out
-    assert out.index("Power before the run") < out.index("Verdict:")
+    assert "Sample sizes before the run" in out and "MDD" in out
+    assert out.index("Sample sizes before the run") < out.index("Verdict:")
     for f in ("signoff.md", "signoff.json", "signoff.png"):
         assert (shared_out / f).stat().st_size > 0
     md = (shared_out / "signoff.md").read_text()
     assert "| candidate |" in md and "A/A" in md and "INCONCLUSIVE" in md
-    # --strict turns the inconclusive GSM8K into a non-zero exit, with nothing recomputed
+    # --allow-inconclusive accepts the undecided GSM8K (exit 0), with nothing recomputed
     counting["sequences"] = 0
     assert main(["signoff", "--matrix", str(m), "--data-dir", str(data_dir), "--out", str(shared_out),
-                 "--margin", "10", "--strict", *LIMITS]) == 1
+                 "--margin", "10", "--allow-inconclusive", *LIMITS]) == 0
     assert counting["sequences"] == 0
 
 
@@ -108,7 +108,7 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, tiny_model, data_
     args = ["signoff", "--matrix", str(m), "--data-dir", str(data_dir), "--tasks", "mmlu",
             "--chunk-size", "4", *LIMITS]
     # the reference: an uninterrupted run of the candidate (the baseline does not count calls)
-    assert main([*args, "--out", str(tmp_path / "fresh")]) in (0, 1)
+    assert main([*args, "--out", str(tmp_path / "fresh")]) in (0, 1, 4)
     fresh = counting["sequences"]
     assert fresh > 0 and fresh % 40 == 0
     per_doc = fresh // 40
@@ -151,7 +151,7 @@ def test_bad_input_exits_2_before_any_work(tmp_path, tiny_model, data_dir, count
     assert main(["signoff", "--matrix", str(spec), "--data-dir", str(data_dir), "--out",
                  str(tmp_path / "o"), *LIMITS]) == 2
     err = capsys.readouterr().err
-    assert "checks.serve.ModelServer" in err or "cannot import 'no.such'" in err
+    assert "checks.serving.ServingEngine" in err or "cannot import 'no.such'" in err
     assert counting["sequences"] == 0 and not (tmp_path / "o" / "cache").exists()
 
 

@@ -1,0 +1,227 @@
+"""The gate's error rates by simulation: synthetic paired records driven through the gate's own functions
+(`gate.compare`, `gate.decide`, `gate.worst`), for a whole sign-off matrix (every configuration, both tasks,
+every measure), so what is measured is the verdict a release manager gets.
+
+    python -m evals.simulate --runs 100 --mmlu 600 --gsm8k 800 --gold-tokens 50 --configs 4
+
+Scenarios (per replicate, every configuration against one baseline):
+- A/A: identical systems whose outputs flip on a fraction `flip` of units, each flip as likely either way
+  (exchangeable pairs). `independent`: flips independent across units. `correlated`: flips concentrate in
+  some clusters (MMLU subjects, GSM8K documents' reference tokens) and, inside a cluster, mostly go the same
+  way and towards the same answer letter (a cached few-shot prefix per subject, a layout that rounds one
+  subject's prompts differently), still with no direction overall. A FAIL is a false alarm.
+- boundary: one configuration is worse by exactly the margin on one measure (other measures, and the other
+  configurations, as in A/A). A PASS of that configuration is a wrong PASS.
+The rates are fractions of replicates; `rate_upper` is their one-sided 95% Clopper-Pearson bound.
+
+Written here rather than taken from a library: the thing simulated is this gate's own decision rule over
+this suite's record format; no public package models paired lm-eval records per configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from evals import gate as G
+from evals import stats
+from evals.matrix import GateSettings
+
+N_SUBJECTS = 57            # MMLU subjects; the seeded subset spreads items over all of them
+MMLU_ACC, GSM8K_ACC, GOLD_ACC = 0.45, 0.3, 0.6     # baseline accuracies (the levels barely matter)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    flip: float                    # fraction of units whose outcome differs between the two runs
+    correlated: bool = False
+    boundary: str | None = None    # measure at the boundary (config 0 worse by its margin), None: A/A
+
+
+@dataclass(frozen=True)
+class Sizes:
+    mmlu: int = 600
+    gsm8k: int = 800
+    gold_tokens: int = 50          # reference tokens per GSM8K document (gsm8k-gold units; the default run: 51)
+    configs: int = 4
+
+
+# ------------------------------------------------------------------------------------ synthetic records
+def _cluster_params(rng, groups: int, flip: float, correlated: bool):
+    """Per cluster: its flip rate, the share of its flips that favour the configuration, and (MMLU) the
+    letter its flips drift to. Correlated clusters: rates gamma-spread (shape 0.5) around `flip`, 90% of a
+    cluster's flips one way, the way drawn per cluster with probability 1/2 (no direction overall)."""
+    if not correlated:
+        return np.full(groups, flip), np.full(groups, 0.5), None
+    rate = np.minimum(rng.gamma(0.5, flip / 0.5, groups), 0.5)
+    rate *= flip / max(rate.mean(), 1e-12)
+    share = np.where(rng.random(groups) < 0.5, 0.9, 0.1)
+    return np.minimum(rate, 1.0), share, rng.integers(0, 4, groups)
+
+
+def mmlu_pair(rng, n: int, flip: float, correlated: bool, shift: float = 0.0):
+    """Paired MMLU records; `shift` > 0 makes the configuration worse by `shift` (a fraction of items)."""
+    subj = np.arange(n) % N_SUBJECTS
+    rate, share, letter = _cluster_params(rng, N_SUBJECTS, flip, correlated)
+    gold = rng.integers(0, 4, n)
+    base = np.where(rng.random(n) < MMLU_ACC, gold, (gold + rng.integers(1, 4, n)) % 4)
+    cfg = base.copy()
+    flips = rng.random(n) < rate[subj]
+    for i in np.flatnonzero(flips):
+        # a flip moves one run's answer: towards the cluster's letter when correlated, else anywhere else
+        other = letter[subj[i]] if letter is not None and letter[subj[i]] != base[i] else \
+            (base[i] + rng.integers(1, 4)) % 4
+        if rng.random() < share[subj[i]]:
+            base[i] = other            # the baseline moved: the configuration kept the first answer
+        else:
+            cfg[i] = other
+    if shift > 0:                      # the configuration loses items it had right: `shift` of n on average
+        lose = _losses(rng, np.flatnonzero((cfg == gold) & ~flips), shift * n)
+        cfg[lose] = (gold[lose] + 1) % 4
+    return _mmlu_records(base, gold, subj), _mmlu_records(cfg, gold, subj)
+
+
+def _losses(rng, right, expected: float):
+    """Each of the `right` units lost independently, `expected` of them on average (a true difference whose
+    observed size varies from run to run, as an engine's would)."""
+    return right[rng.random(len(right)) < min(1.0, expected / max(len(right), 1))]
+
+
+def _mmlu_records(pred, gold, subj) -> list[dict]:
+    out = []
+    for i, (p, g, s) in enumerate(zip(pred.tolist(), gold.tolist(), subj.tolist())):
+        lls = [-2.0] * 4
+        lls[p] = -1.0
+        out.append({"task": "mmlu", "doc_id": f"s{s}/{i}", "prompt_hash": str(i), "subject": f"s{s}",
+                    "gold": g, "lls": lls, "pred": p, "metrics": {"acc": float(p == g)}})
+    return out
+
+
+def gsm8k_pair(rng, n: int, tokens: int, flip: float, correlated: bool, shift_items: float = 0.0,
+               shift_tokens: float = 0.0):
+    """Paired GSM8K records with reference-token verdicts (gsm8k-gold). Items are independent documents;
+    the reference tokens of one document are a cluster."""
+    def binary_pair(size, rate, share, acc, shift):
+        yb = (rng.random(size) < acc).astype(float)
+        yc = yb.copy()
+        flips = rng.random(size) < rate
+        base_moves = rng.random(size) < share
+        # a flip: exactly one run is right, as likely either one (share 1/2) unless correlated
+        right_on_cfg = ~base_moves
+        yb[flips] = (~right_on_cfg[flips]).astype(float)
+        yc[flips] = right_on_cfg[flips].astype(float)
+        if shift > 0:
+            yc[_losses(rng, np.flatnonzero((yc == 1) & ~flips), shift * size)] = 0.0
+        return yb, yc
+
+    ib, ic = binary_pair(n, np.full(n, flip), np.full(n, 0.5), GSM8K_ACC, shift_items)
+    rate, share, _ = _cluster_params(rng, n, flip, correlated)
+    doc = np.repeat(np.arange(n), tokens)
+    tb, tc = binary_pair(n * tokens, rate[doc], share[doc], GOLD_ACC, shift_tokens)
+    recs = []
+    for y, t in ((ib, tb), (ic, tc)):
+        runs = []
+        for i in range(n):
+            g = t[i * tokens:(i + 1) * tokens]
+            runs.append({"task": "gsm8k", "doc_id": f"g{i}", "prompt_hash": str(i), "subject": None,
+                         "generation": f"{i}:{int(y[i])}:{int(ib[i])}", "metrics": {"flexible-extract": y[i]},
+                         "gold_greedy": [bool(v) for v in g], "gold_logprob": [0.0 if v else -1.0 for v in g]})
+        recs.append(runs)
+    # the same generation text when the outcome did not change (agreement is reported, not gated)
+    for rb, rc in zip(*recs):
+        if rb["metrics"] == rc["metrics"]:
+            rc["generation"] = rb["generation"]
+    return recs[0], recs[1]
+
+
+# ------------------------------------------------------------------------------------ one sign-off
+Decide = Callable[[list[dict], GateSettings], None]
+
+
+def signoff(rng, sc: Scenario, sizes: Sizes, gate: GateSettings, decide: Decide = G.decide) -> list[dict]:
+    """One simulated sign-off: every configuration's comparisons, decided together."""
+    comparisons = []
+    for k in range(sizes.configs):
+        at = sc.boundary if k == 0 else None
+        m = {t: gate.margin_for(t) / 100 if at == t else 0.0 for t in G.MEASURES}
+        mb, mc = mmlu_pair(rng, sizes.mmlu, sc.flip, sc.correlated, m["mmlu"])
+        gb, gc = gsm8k_pair(rng, sizes.gsm8k, sizes.gold_tokens, sc.flip, sc.correlated, m["gsm8k"],
+                            m["gsm8k-gold"])
+        for task, b, c in (("mmlu", mb, mc), ("gsm8k", gb, gc)):
+            p = G.pair(task, b, c, "base", f"cfg{k}")
+            for measure in G.measures_of(task, p):
+                comparisons.append(G.compare(p, gate, "config", measure))
+    decide(comparisons, gate)
+    return comparisons
+
+
+def rates(sc: Scenario, sizes: Sizes, runs: int, seed: int = 0, gate: GateSettings | None = None,
+          decide: Decide = G.decide) -> dict:
+    """Fractions of `runs` simulated sign-offs: any FAIL (false alarm under A/A), a PASS of the sign-off,
+    and for boundary scenarios a PASS of the configuration at the boundary on that measure."""
+    gate = gate or fast_gate()
+    rng = np.random.default_rng([seed, int(sc.flip * 1e6), sc.correlated, G.MEASURES.index(sc.boundary) + 1 if sc.boundary else 0])
+    fails = passes = boundary_pass = 0
+    for _ in range(runs):
+        cs = signoff(rng, sc, sizes, gate, decide)
+        verdict = G.worst(c["verdict"] for c in cs)
+        fails += verdict == "FAIL"
+        passes += verdict == "PASS"
+        if sc.boundary:
+            at = next(c for c in cs if c["config"] == "cfg0" and c["task"] == sc.boundary)
+            boundary_pass += at["verdict"] == "PASS"
+    out = {"scenario": sc.name, "flip": sc.flip, "correlated": sc.correlated, "boundary": sc.boundary,
+           "runs": runs, "fail": fails / runs, "pass": passes / runs,
+           "fail_upper": stats.cp_upper(fails, runs, 0.05)}
+    if sc.boundary:
+        out["boundary_pass"] = boundary_pass / runs
+        out["boundary_pass_upper"] = stats.cp_upper(boundary_pass, runs, 0.05)
+    return out
+
+
+def fast_gate(**kw) -> GateSettings:
+    """The default gate without the reported-only bootstrap interval and with fewer Monte Carlo sign flips
+    for the symmetry p-value (its resolution, 1/2000, is far below alpha / family size)."""
+    return dataclasses.replace(GateSettings(), bootstrap=0, symmetry_draws=2000, **kw)
+
+
+def scenarios(flips=(0.005, 0.01, 0.02)) -> list[Scenario]:
+    out = [Scenario(f"A/A {'correlated' if cor else 'independent'} {100 * f:g}%", f, cor)
+           for f in flips for cor in (False, True)]
+    out += [Scenario(f"boundary {m} {100 * f:g}%", f, False, m) for m in G.MEASURES for f in (0.0, flips[1])]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m evals.simulate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=400)
+    ap.add_argument("--mmlu", type=int, default=Sizes.mmlu)
+    ap.add_argument("--gsm8k", type=int, default=Sizes.gsm8k)
+    ap.add_argument("--gold-tokens", type=int, default=Sizes.gold_tokens)
+    ap.add_argument("--configs", type=int, default=Sizes.configs)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    sizes = Sizes(a.mmlu, a.gsm8k, a.gold_tokens, a.configs)
+    rows = []
+    print("| scenario | sign-off FAIL (95% upper) | sign-off PASS | boundary PASS (95% upper) |")
+    print("|---|---|---|---|")
+    for sc in scenarios():
+        r = rates(sc, sizes, a.runs, a.seed)
+        rows.append(r)
+        bp = f"{r['boundary_pass']:.3f} ({r['boundary_pass_upper']:.3f})" if sc.boundary else ""
+        print(f"| {sc.name} | {r['fail']:.3f} ({r['fail_upper']:.3f}) | {r['pass']:.3f} | {bp} |", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"sizes": dataclasses.asdict(sizes), "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
