@@ -46,6 +46,13 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    import pytest
+
+    from checks.suite_options import problems
+    bad = problems(config.getoption("--target"), config.getoption("--world-sizes"), config.getoption("--dtypes"),
+                   config.getoption("--models"), config.getoption("--deadline"))
+    if bad:   # a usage error (exit 4) before anything is collected, every broken option at once
+        raise pytest.UsageError("dpep options:\n  " + "\n  ".join(bad))
     profile = config.getoption("--hypothesis-profile", default=None)
     if profile:
         settings.load_profile(profile)

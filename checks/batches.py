@@ -117,12 +117,22 @@ def parse_batch(text: str) -> Batch:
     """Inverse of Batch.describe(): 'dp0:0+5,3+1 dp1:idle seed=1'."""
     per, seed = [], 0
     for part in text.split():
-        if part.startswith("seed="):
-            seed = int(part[5:])
-            continue
-        _, _, reqs = part.partition(":")
-        if reqs == "idle":
-            per.append(())
-        else:
-            per.append(tuple(Request(*map(int, r.split("+"))) for r in reqs.split(",")))
+        try:
+            if part.startswith("seed="):
+                seed = int(part[5:])
+                continue
+            name, colon, reqs = part.partition(":")
+            if not colon or name != f"dp{len(per)}":
+                raise ValueError(f"expected 'dp{len(per)}:...' here")
+            if reqs == "idle":
+                per.append(())
+                continue
+            pairs = [r.split("+") for r in reqs.split(",")]
+            if any(len(p) != 2 or not all(x.isdigit() for x in p) for p in pairs):
+                raise ValueError("requests are PREFIX+EXTEND, comma-separated")
+            per.append(tuple(Request(int(a), int(b)) for a, b in pairs))
+        except ValueError as e:
+            raise ValueError(f"batch part {part!r}: {e} (the form is 'dp0:0+5,3+1 dp1:idle seed=1')") from None
+    if not per:
+        raise ValueError(f"batch {text!r} names no DP rank (the form is 'dp0:0+5,3+1 dp1:idle seed=1')")
     return Batch(tuple(per), seed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from checks.batches import parse_batch
+from checks.batches import DTYPES, parse_batch
 from checks.parity import run_example
 from checks.topology import Layout
 
@@ -18,13 +18,16 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="spec")
     ap.add_argument("--unit", required=True, choices=("moe", "attention", "decoder", "model"))
     ap.add_argument("--fixture", required=True)
-    ap.add_argument("--layout", required=True, type=Layout.parse)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--layout", required=True, type=_checked(Layout.parse))
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--layer", type=int, default=0)
-    ap.add_argument("--batch", required=True, type=parse_batch)
+    ap.add_argument("--batch", required=True, type=_checked(parse_batch))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--deadline", type=float, default=60.0)
     a = ap.parse_args(argv)
+    bad = _problems(a)
+    if bad:     # a usage error (exit 2) before any rank starts, every problem at once
+        ap.error("\n  ".join(["the example cannot run:", *bad]))
     from fixtures.build import fixture_path
     res = run_example(a.target, a.unit, str(fixture_path(a.fixture)), a.layout, a.batch, a.dtype, a.layer,
                       a.device, a.deadline)
@@ -34,6 +37,41 @@ def main(argv=None) -> int:
     print(res.report())
     print("PASS" if res.ok else "FAIL")
     return 0 if res.ok else 1
+
+
+def _checked(parse):
+    """An argparse type whose error message says what is wrong (argparse hides a ValueError's text)."""
+    def run(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    run.__name__ = parse.__name__
+    return run
+
+
+def _problems(a) -> list[str]:
+    from checks.suite_options import fixture_config
+    from checks.targets.protocol import resolve
+    from checks.topology import layout_violations
+    from fixtures.specs import FIXTURES
+
+    out = []
+    if a.fixture not in FIXTURES:
+        out.append(f"--fixture {a.fixture!r} is unknown; known: {sorted(FIXTURES)}")
+    else:
+        spec = FIXTURES[a.fixture]
+        out += [f"--layout {a.layout} on {a.fixture}: {v}"
+                for v in layout_violations(a.layout, fixture_config(a.fixture))]
+        if not 0 <= a.layer < spec.num_hidden_layers:
+            out.append(f"--layer {a.layer}: {a.fixture} has layers 0..{spec.num_hidden_layers - 1}")
+    if len(a.batch.per_dp) != a.layout.dp:
+        out.append(f"--batch names {len(a.batch.per_dp)} DP ranks, --layout {a.layout} has dp={a.layout.dp}")
+    try:
+        resolve(a.target)
+    except ValueError as e:
+        out.append(f"--target: {e}")
+    return out
 
 
 if __name__ == "__main__":

@@ -3,17 +3,19 @@
 Each line is one finished sample, keyed by document id + prompt hash + configuration fingerprint,
 appended and fsynced as soon as its chunk finishes. A rerun loads the file, skips every key it holds
 and computes only the rest; lines of another fingerprint (a changed model, dtype, layout...) are
-ignored, and a line cut short by a kill is skipped.
+ignored, and a line cut short by a kill is removed from the file and reported (its sample runs again).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
-CACHE_VERSION = 3   # 2: the serving engine (KV cache, decode steps) replaced full-forward generation;
-#                     3: reference solutions teacher-forced as whole lines within samples.GOLD_TOKENS
+CACHE_VERSION = 4   # 2: the serving engine (KV cache, decode steps) replaced full-forward generation;
+#                     3: reference solutions teacher-forced as whole lines within samples.GOLD_TOKENS;
+#                     4: reference-token log-probabilities stored unrounded (the tolerance test)
 
 
 def sha256_json(obj) -> str:
@@ -63,6 +65,7 @@ class SampleCache:
         self.fingerprint = fingerprint
         self.records: dict[tuple[str, str], dict] = {}
         self.stale = 0
+        self.torn = 0
         self._load()
 
     @staticmethod
@@ -72,18 +75,27 @@ class SampleCache:
     def _load(self) -> None:
         if not self.path.is_file():
             return
+        kept: list[str] = []
         with open(self.path, encoding="utf-8") as fh:
             for line in fh:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:
-                    continue  # a line cut short by a kill
+                    self.torn += 1   # a line cut short by a kill
+                    continue
+                kept.append(line if line.endswith("\n") else line + "\n")
                 if not isinstance(row, dict) or "record" not in row:
                     continue
                 if row.get("fingerprint") != self.fingerprint:
                     self.stale += 1
                     continue
                 self.records[self.key(row["doc_id"], row["prompt_hash"])] = row["record"]
+        if self.torn:   # repaired, and said: the samples on a torn line run again
+            tmp = self.path.with_suffix(".repair")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+            print(f"cache {self.path}: removed {self.torn} line(s) cut short by an interrupted write; "
+                  "their samples run again", file=sys.stderr)
 
     def get(self, doc_id: str, prompt_hash: str) -> dict | None:
         return self.records.get(self.key(doc_id, prompt_hash))

@@ -5,13 +5,19 @@ Measures (each a paired binary outcome per unit, units grouped in clusters):
   gsm8k       per item: the extracted answer is right (gate.gsm8k_metric); items independent.
   gsm8k-gold  per token of the reference solution, fed by teacher forcing after the prompt (served by decode
               steps in the in-process engine): the token was the greedy choice; clusters: documents.
-              Only when both runs recorded it (in-process engines).
+              Only when both runs recorded it (in-process engines). With a half-precision in-process
+              baseline the sign-off also serves the baseline in float64 (the truth run), and the tolerance
+              test (`error_test`) asks whether the configuration's reference-token log-probabilities stray
+              further from the truth than the tolerance model allows: FACTOR (2) times the baseline's own
+              error in the same dtype, pooled over documents. It sees faults that change outputs without
+              changing the random fixture's accuracy (a decode step reading another rank's rows).
 
 Verdict per (configuration, measure), see docs/evals.md:
   FAIL          a test of the error-controlled family rejects at alpha after Holm's correction over every
                 configuration and measure of the sign-off: the difference test (exact sign-flip test of the
                 clusters' summed differences: exact McNemar when units are independent) or, for MMLU, the
-                answer-symmetry test (Bowker's statistic, cluster sign-flip p-value); or a declared hard
+                answer-symmetry test (Bowker's statistic, cluster sign-flip p-value), or, for gsm8k-gold,
+                the tolerance test against the float64 truth; or a declared hard
                 limit (min_agreement, max_logprob_drift) is broken.
   PASS          no FAIL, and equivalence within +-margin is shown by both the exact interval and the
                 cluster-robust t interval of the difference (stats.equivalence).
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from checks.numerics import FACTOR
 from evals import stats
 from evals.matrix import GateSettings
 
@@ -103,8 +110,55 @@ def outcomes(p: Paired, measure: str, gate: GateSettings):
     return yb, yc, cl
 
 
-def compare(p: Paired, gate: GateSettings, kind: str = "config", measure: str | None = None) -> dict:
-    """All paired statistics of one configuration vs the baseline on one measure (fractions)."""
+def error_test(p: Paired, truth: dict[str, dict], gate: GateSettings) -> dict:
+    """The tolerance model (checks.numerics) on served outputs: per reference token, the error of its
+    log-probability against the float64 truth, for the configuration (e_c) and for the baseline in the same
+    dtype (e_b). A correct layout computes the same function in another order, so its errors have the size of
+    the baseline's; the tolerance model allows FACTOR (2) times. H0: mean e_c <= FACTOR * mean e_b, tested on
+    the documents' sums of e_c - FACTOR * e_b (documents are the clusters: a wrong step corrupts the K/V of
+    every later token of its request) with a one-sided sign-flip test. Measured on the default fixture in
+    bfloat16 (docs/evals.md, "The tolerance test"): correct layouts 0.99-1.07x; a decode step that reads
+    another rank's rows or reduces twice, several times more.
+
+    A fault confined to a few documents barely moves that mean, and a sign-flip test over documents cannot
+    reject on a handful of them; the tolerance model's per-row bound catches it: no token may err more than
+    FACTOR times the largest error the baseline makes on any token (the model's noise pooled over rows; the
+    largest errors in half precision come from the dtype itself, a router near-tie that every run in that
+    dtype resolves alike, so they are shared by the baseline). Tokens beyond it are counted in `beyond`."""
+    eb, ec, sums, docs = [], [], [], []
+    for rb, rc in zip(p.base, p.cfg, strict=True):
+        t = truth.get(rb["doc_id"])
+        if t is None or t["prompt_hash"] != rb["prompt_hash"] or len(t["gold_logprob"]) != len(rb["gold_logprob"]):
+            raise PairingError(f"gsm8k-gold: the float64 truth run has no matching reference tokens for "
+                               f"{rb['doc_id']} (a cache from other data or settings); delete its cache and rerun")
+        tt = np.asarray(t["gold_logprob"], dtype=float)
+        b = np.abs(np.asarray(rb["gold_logprob"], dtype=float) - tt)
+        c = np.abs(np.asarray(rc["gold_logprob"], dtype=float) - tt)
+        eb.append(b)
+        ec.append(c)
+        sums.append(float((c - FACTOR * b).sum()))
+        docs.append(rb["doc_id"])
+    eb_all, ec_all = (np.concatenate(x) if x else np.zeros(0) for x in (eb, ec))
+    mb, mc = (float(x.mean()) if x.size else 0.0 for x in (eb_all, ec_all))
+    ratio = mc / mb if mb > 0 else (math.inf if mc > 0 else 1.0)
+    largest_b = float(eb_all.max()) if eb_all.size else 0.0
+    worst = int(np.argmax(sums)) if sums else None
+    peak = int(np.argmax([x.max() if x.size else 0.0 for x in ec])) if ec else None
+    return {
+        "factor": FACTOR, "err_base": mb, "err_cfg": mc, "ratio": ratio,
+        "max_base": largest_b, "max_cfg": float(ec_all.max()) if ec_all.size else 0.0,
+        "beyond": int(np.sum(ec_all > FACTOR * largest_b)),
+        "worst_doc": docs[worst] if worst is not None and sums[worst] > 0 else None,
+        "peak_doc": docs[peak] if peak is not None else None,
+        "p": stats.signflip_greater(sums, gate.symmetry_draws, gate.seed),
+        "method": f"one-sided sign-flip test over {len(sums)} documents",
+    }
+
+
+def compare(p: Paired, gate: GateSettings, kind: str = "config", measure: str | None = None,
+            truth: dict[str, dict] | None = None) -> dict:
+    """All paired statistics of one configuration vs the baseline on one measure (fractions). `truth`: the
+    float64 truth run's gsm8k-gold records by document id, for the tolerance test (gsm8k-gold only)."""
     measure = measure or p.task
     yb, yc, cl = outcomes(p, measure, gate)
     n = int(yb.size)
@@ -136,7 +190,7 @@ def compare(p: Paired, gate: GateSettings, kind: str = "config", measure: str | 
                      if clustered else "exact McNemar test",
         "equivalence": {"shown": eq.shown, "exact": [eq.exact_low, eq.exact_high], "t": [eq.t_low, eq.t_high],
                         "p_t": eq.p},
-        "margin": margin, "symmetry": None, "drift": None,
+        "margin": margin, "symmetry": None, "drift": None, "error": None,
     }
     if measure == "mmlu":
         pb = [r["pred"] for r in p.base]
@@ -168,6 +222,8 @@ def compare(p: Paired, gate: GateSettings, kind: str = "config", measure: str | 
         out["agreement_what"] = "same greedy verdict on each reference token"
         out["drift"] = {"mean_abs_chosen": float(np.abs(lp).mean()), "max_abs_chosen": float(np.abs(lp).max()),
                         "max_abs_any_choice": float(np.abs(lp).max())}
+        if truth is not None:
+            out["error"] = error_test(p, truth, gate)
     out["n_disagree"] = round((1 - out["agreement"]) * n)
     return out
 
@@ -176,27 +232,32 @@ def _pts(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
+TESTS = ("p_diff", "symmetry", "error")   # the difference test; MMLU's symmetry test; gsm8k-gold's tolerance test
+
+
 def family(comparisons: list[dict]) -> list[tuple[int, str]]:
-    """The error-controlled family: the difference test of every configuration comparison, and the symmetry
-    test of every MMLU one. A/A comparisons are diagnostics, not in it."""
+    """The error-controlled family: the difference test of every configuration comparison, the symmetry test
+    of every MMLU one and the tolerance test of every gsm8k-gold one with a truth run. A/A comparisons are
+    diagnostics, not in it."""
     return [(i, key) for i, c in enumerate(comparisons) if c["kind"] == "config"
-            for key in ("p_diff", "symmetry") if key == "p_diff" or c["symmetry"]]
+            for key in TESTS if key == "p_diff" or c.get(key)]
 
 
 def decide(comparisons: list[dict], gate: GateSettings) -> None:
     """Holm-adjust the family over the sign-off and set each comparison's verdict."""
     fam = family(comparisons)
-    raw = [comparisons[i]["p_diff"] if key == "p_diff" else comparisons[i]["symmetry"]["p"] for i, key in fam]
+    raw = [comparisons[i]["p_diff"] if key == "p_diff" else comparisons[i][key]["p"] for i, key in fam]
     adjusted = stats.holm(raw)
     for c in comparisons:
         c["p_diff_holm"] = c["p_diff"] if c["kind"] != "config" else None
-        if c["symmetry"]:
-            c["symmetry"]["p_holm"] = c["symmetry"]["p"] if c["kind"] != "config" else None
+        for key in TESTS[1:]:
+            if c.get(key):
+                c[key]["p_holm"] = c[key]["p"] if c["kind"] != "config" else None
     for (i, key), adj in zip(fam, adjusted):
         if key == "p_diff":
             comparisons[i]["p_diff_holm"] = adj
         else:
-            comparisons[i]["symmetry"]["p_holm"] = adj
+            comparisons[i][key]["p_holm"] = adj
     for c in comparisons:
         c["n_tests"] = len(raw)
         c["mdd"] = stats.mdd(max(c["se_delta"], stats.agresti_min_se(c["b_base_only"], c["c_cfg_only"], c["n"])),
@@ -219,6 +280,22 @@ def _verdict(c: dict, gate: GateSettings) -> None:
         flips = ", ".join(f"{f} x{k}" for f, k in sym["top_flips"])
         fail.append(f"answers shift systematically ({flips}): symmetry test p={sym['p']:.2g} ({sym['method']}), "
                     f"Holm-adjusted p={sym['p_holm']:.2g} < {a}")
+    err = c.get("error")
+    if err:
+        what = (f"reference-token log-probabilities lie {err['ratio']:.2f}x as far from the float64 truth as "
+                f"the baseline's in the same dtype (mean error {err['err_cfg']:.3g} vs {err['err_base']:.3g} "
+                f"nats; the tolerance model allows {err['factor']:g}x; {err['beyond']} tokens beyond "
+                f"{err['factor']:g}x the baseline's largest error {err['max_base']:.3g}")
+        bad = err["p_holm"] < a or err["beyond"] > 0
+        if err["p_holm"] < a:
+            fail.append(f"{what}, worst document {err['worst_doc']}): a computation fault, not rounding "
+                        f"({err['method']} p={err['p']:.2g}, Holm-adjusted p={err['p_holm']:.2g} < {a})")
+        if err["beyond"]:
+            fail.append(f"{err['beyond']} reference tokens err more than the tolerance model's per-token bound "
+                        f"({err['factor']:g}x the baseline's largest error, {err['max_base']:.3g} nats): up to "
+                        f"{err['max_cfg']:.3g} nats, in document {err['peak_doc']}: a computation fault")
+        if not bad:
+            why.append(f"within the tolerance model: {what})")
     if gate.min_agreement is not None and c["agreement"] < gate.min_agreement:
         fail.append(f"agreement {100 * c['agreement']:.1f}% ({c['agreement_what']}) is below the "
                     f"declared floor {100 * gate.min_agreement:.1f}%")
@@ -234,6 +311,7 @@ def _verdict(c: dict, gate: GateSettings) -> None:
           f"[{_pts(eq['t'][0])}, {_pts(eq['t'][1])}] pts")
     if fail:
         verdict = "FAIL"
+        why = []
     elif eq["shown"]:
         verdict = "PASS"
         why.append(f"equivalent within +-{_pts(m)} pts: {ci}")
@@ -273,11 +351,12 @@ def aa_findings(aa: list[dict], deterministic: bool) -> list[str]:
 
 
 def planned_sizes(n_by_task: dict[str, int], gate: GateSettings, n_configs: int,
-                  flip_rates=(0.0, 0.01, 0.05)) -> list[dict]:
+                  flip_rates=(0.0, 0.01, 0.05), tests_per_task: dict[str, int] | None = None) -> list[dict]:
     """Before the run, per task: the items needed for PASS with probability gate.power at assumed flip rates
     (stats.planned_n, exact interval), and the MDD of the difference test at those rates with Holm's
     correction (its first step: alpha / family size, the family counting every configuration's tests)."""
-    tests = n_configs * sum(2 if t == "mmlu" else 1 for t in n_by_task)
+    per = {"mmlu": 2, "gsm8k": 1} | (tests_per_task or {})
+    tests = n_configs * sum(per.get(t, 1) for t in n_by_task)
     rows = []
     for task, n in n_by_task.items():
         m = gate.margin_for(task) / 100

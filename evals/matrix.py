@@ -117,6 +117,8 @@ class GateSettings:
     seed: int = 20240601
     min_agreement: float | None = None      # optional hard floor on answer/output agreement (fraction)
     max_logprob_drift: float | None = None  # optional hard ceiling on mean |delta logprob| (nats)
+    truth: bool = True                      # half-precision in-process baseline: serve it in float64 too, for
+                                            # the tolerance test of gsm8k-gold (gate.error_test)
 
     def margin_for(self, measure: str) -> float:
         if isinstance(self.margin, dict):
@@ -294,6 +296,8 @@ def _parse_gate(raw: dict) -> tuple[GateSettings, list[str]]:
         p.append("[gate] min_agreement must be a fraction in [0, 1]")
     if g.max_logprob_drift is not None and not g.max_logprob_drift >= 0:
         p.append("[gate] max_logprob_drift must be >= 0")
+    if not isinstance(g.truth, bool):
+        p.append(f"[gate] truth must be true or false, got {g.truth!r}")
     return g, p
 
 

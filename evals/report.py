@@ -73,7 +73,7 @@ def markdown(rep: dict) -> str:
     L += ["## Verdicts", "", "| configuration | layout | engine | dtype | verdict |", "| --- | --- | --- | --- | --- |"]
     for c in rep["configs"]:
         L.append(f"| {c['name']} | {c['layout']} | {c['engine']} {c.get('target') or ''} | {c['dtype']} | "
-                 f"{c.get('verdict') or 'baseline'} |")
+                 f"{c.get('verdict') or c.get('role') or 'baseline'} |")
     served = [c for c in rep["configs"] if c.get("serving")]
     if served:
         L += ["", "## What the engines ran", "",
@@ -126,6 +126,22 @@ def markdown(rep: dict) -> str:
         L += ["", f"Units: {unit}s; SE: {rows[0]['se_kind'] if rows else ''}; b = right only on the baseline, "
               "c = right only on the configuration; difference test: " + (rows[0]["diff_test"] if rows else "")
               + "; agreement: " + (rows[0]["agreement_what"] if rows else "") + ".", ""]
+        tested = [c for c in rows if c.get("error")]
+        if tested:
+            L += [f"### {task}: the tolerance test against the float64 truth", "",
+                  "| configuration | mean error, baseline (nats) | mean error, configuration | ratio (bound) "
+                  "| tokens beyond the per-token bound | worst document | p (Holm) |",
+                  "| --- " * 7 + "|"]
+            for c in tested:
+                e = c["error"]
+                name = c["config"] + (" (A/A)" if c["kind"] == "aa" else "")
+                L.append(f"| {name} | {e['err_base']:.3g} | {e['err_cfg']:.3g} | {e['ratio']:.2f}x "
+                         f"({e['factor']:g}x) | {e['beyond']} | {e['worst_doc'] or '-'} | "
+                         f"{_p(e['p'])} ({_p(e.get('p_holm'))}) |")
+            L += ["", ("Error: |log-probability of each reference token - the float64 truth run's|, the truth "
+                       "being the baseline served in float64. The tolerance model (checks/numerics.py) lets a "
+                       "layout err at most its factor times what the baseline errs in the same dtype; "
+                       f"{tested[0]['error']['method']} of the documents' summed excess."), ""]
     L += ["## Why", ""]
     for c in rep["comparisons"]:
         tag = " (A/A)" if c["kind"] == "aa" else ""

@@ -1,7 +1,8 @@
 """``python -m evals signoff``: validate, plan, run every configuration (resumably), gate, report.
 
 Exit codes: 0 PASS, 1 FAIL, 2 bad input (nothing ran), 3 an engine failed during the run (finished samples
-stay cached; rerun to resume), 4 INCONCLUSIVE (a release is not signed off; --allow-inconclusive makes it 0).
+stay cached; rerun to resume), 4 INCONCLUSIVE (a release is not signed off; --allow-inconclusive makes it 0),
+130 interrupted (Ctrl-C; finished samples stay cached; rerun to resume).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from evals.engines.base import EngineError
 from evals.matrix import MatrixError, load_matrix, resolve_models
 
 DEFAULT_MATRIX = Path(__file__).resolve().parent / "configs" / "fixture-default.toml"
-EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_ENGINE, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_ENGINE, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,6 +120,18 @@ def print_plan(rows, gate) -> None:
               f"difference test MDD (Holm over {r['family']}) {mdd}{warn}")
 
 
+HALF = ("bfloat16", "float16")
+
+
+def truth_config(matrix, tasks):
+    """The baseline served once more in float64 for the reference tokens of GSM8K (the tolerance test of
+    gsm8k-gold, gate.error_test), when the baseline is an in-process engine in half precision; else None."""
+    base = matrix.baseline
+    if not matrix.gate.truth or "gsm8k" not in tasks or base.engine != "inproc" or base.dtype not in HALF:
+        return None
+    return dataclasses.replace(base, name=f"{base.name}~float64", dtype="float64", baseline=False)
+
+
 def run(args) -> int:
     t0 = time.monotonic()
     if args.torch_threads:
@@ -141,19 +154,32 @@ def run(args) -> int:
     configs = matrix.ordered()
     if args.aa:
         configs.insert(1, dataclasses.replace(base, name=f"{base.name}~aa", replica=1, baseline=False))
+    truth = truth_config(matrix, tasks)
     print(f"Sign-off: {len(configs)} runs ({', '.join(c.name for c in configs)}), data {data.source}, "
           + ", ".join(f"{t} {len(s)} items" for t, s in samples.items()))
-    power = G.planned_sizes({t: len(s) for t, s in samples.items()}, gs, len(matrix.configs) - 1)
+    if truth:
+        print(f"Truth run: {truth.name} (the baseline in float64, GSM8K reference tokens only) for the tolerance "
+              f"test of gsm8k-gold")
+    in_proc = all(c.engine == "inproc" for c in matrix.configs)
+    power = G.planned_sizes({t: len(s) for t, s in samples.items()}, gs, len(matrix.configs) - 1,
+                            tests_per_task={"gsm8k": 1 + in_proc + (truth is not None)})
     print_plan(power, gs)
     sys.stdout.flush()
 
     results, timing = {}, {}
-    for c in configs:
+    runs = [(c, samples) for c in configs]
+    if truth:
+        runs.insert(1, (truth, {"gsm8k-gold": samples["gsm8k"]}))
+    for c, todo in runs:
         t = time.monotonic()
         try:
-            results[c.name] = run_config(c, samples, taskset, args.out, chunk_size=args.chunk_size,
+            results[c.name] = run_config(c, todo, taskset, args.out, chunk_size=args.chunk_size,
                                          progress=not args.no_progress)
-        except Exception as e:  # noqa: BLE001 - any engine failure; Ctrl-C still propagates
+        except KeyboardInterrupt:
+            _err(f"interrupted during configuration {c.name!r}: finished samples are cached in {args.out}; "
+                 f"rerun the same command to resume")
+            return EXIT_INTERRUPTED
+        except Exception as e:  # noqa: BLE001 - any engine failure; Ctrl-C is handled above
             if not isinstance(e, EngineError):
                 traceback.print_exc()
             _err(f"configuration {c.name!r} failed: {type(e).__name__}: {e}\n(finished samples are cached "
@@ -162,13 +188,15 @@ def run(args) -> int:
         timing[c.name] = round(time.monotonic() - t, 2)
 
     comparisons, aa = [], []
+    truth_recs = {r["doc_id"]: r for r in results[truth.name]["gsm8k-gold"]} if truth else None
     try:
         for c in configs[1:]:
             kind = "aa" if c.replica else "config"
             for task in samples:
                 p = G.pair(task, results[base.name][task], results[c.name][task], base.name, c.name)
                 for measure in G.measures_of(task, p):
-                    (aa if kind == "aa" else comparisons).append(G.compare(p, gs, kind, measure))
+                    tr = truth_recs if measure == "gsm8k-gold" and c.dtype == base.dtype else None
+                    (aa if kind == "aa" else comparisons).append(G.compare(p, gs, kind, measure, truth=tr))
     except G.PairingError as e:
         _err(str(e))
         return EXIT_INPUT
@@ -191,7 +219,10 @@ def run(args) -> int:
         "configs": [{"name": c.name, "layout": c.layout, "engine": c.engine, "target": c.target or c.factory,
                      "model": c.model_path, "dtype": c.dtype, "verdict": verdicts.get(c.name),
                      "serving": serving_stats(c, samples, args.max_gen_toks, args.out)}
-                    for c in matrix.ordered()],
+                    for c in matrix.ordered()]
+        + ([{"name": truth.name, "layout": truth.layout, "engine": truth.engine, "target": truth.target,
+             "model": truth.model_path, "dtype": truth.dtype, "verdict": None, "role": "float64 truth",
+             "serving": serving_stats(truth, ["gsm8k-gold"], args.max_gen_toks, args.out)}] if truth else []),
         "plan": power, "comparisons": all_cmp, "measures": list(dict.fromkeys(x["task"] for x in all_cmp)),
         "n_tests": len(G.family(all_cmp)),
         "aa": aa_notes, "findings": findings,
@@ -206,9 +237,12 @@ def run(args) -> int:
     print(f"\nVerdict: {overall}")
     for x in all_cmp:
         tag = " (A/A)" if x["kind"] == "aa" else ""
+        err = x.get("error")
         print(f"  {x['config']}{tag} / {x['task']}: {x['verdict']} "
               f"(acc {100 * x['acc_base']:.2f} -> {100 * x['acc_cfg']:.2f}, "
-              f"delta {100 * x['delta']:+.2f} pts)")
+              f"delta {100 * x['delta']:+.2f} pts"
+              + (f"; error vs float64 {err['ratio']:.2f}x the baseline's, bound {err['factor']:g}x" if err else "")
+              + ")")
         for r in x["reasons"]:
             print(f"    - {r}")
     for n in aa_notes + [f for f in findings if f not in aa_notes]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}   # float64: the sign-off's truth run
 
 
 def torch_dtype(name: str) -> torch.dtype | str:

@@ -55,6 +55,25 @@ def check_available(config) -> None:
                 import_object(config.target)
             except EngineError as e:
                 raise EngineError(f"config {config.name!r}: target: {e}") from None
+        bad = layout_problems(config)
+        if bad:
+            raise EngineError(f"config {config.name!r}: layout {config.layout} cannot serve {config.model}: "
+                              + "; ".join(bad))
+
+
+def layout_problems(config) -> list[str]:
+    """The layout's violations of the model's own config (experts, heads, KV heads, sizes), checked before any
+    configuration runs: the serving engine would refuse it only when its turn came, after the baseline ran."""
+    import json
+    from pathlib import Path
+
+    from checks.topology import Layout, layout_violations
+
+    try:
+        model_cfg = json.loads((Path(config.model_path) / "config.json").read_text())
+    except (OSError, TypeError, ValueError):
+        return []     # no readable config.json here: the engine reports what is wrong when it loads the model
+    return layout_violations(Layout(config.tp, config.dp, config.ep), model_cfg)
 
 
 def make_engine(config) -> ForwardEngine:
@@ -85,6 +104,8 @@ class PrefillOnly:
     def __init__(self, engine):
         self.engine = engine
         self.name = f"{engine.name}:prefill-only"
+        self.model_dir = engine.model_dir    # the LM adapter's context window comes from the model's config:
+        #                                      without it, prompts were cut at 4096 tokens instead of the model's
 
     @property
     def stats(self):

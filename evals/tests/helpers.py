@@ -13,6 +13,9 @@ class SimulatedCrash(RuntimeError):
     pass
 
 
+INTERRUPT = {"after": None}    # raise KeyboardInterrupt (a Ctrl-C) instead, after this many sequences
+
+
 class CountingEngine:
     """Wraps an engine: counts forwarded sequences, optionally crashes, optionally perturbs logits."""
 
@@ -26,6 +29,8 @@ class CountingEngine:
         limit = CRASH_AFTER["sequences"]
         if limit is not None and CALLS["sequences"] + len(requests) > limit:
             raise SimulatedCrash(f"simulated kill after {CALLS['sequences']} sequences")
+        if INTERRUPT["after"] is not None and CALLS["sequences"] + len(requests) > INTERRUPT["after"]:
+            raise KeyboardInterrupt
         CALLS["sequences"] += len(requests)
         out = self.inner.forward(requests)
         return [self.perturb(x) for x in out] if self.perturb else out

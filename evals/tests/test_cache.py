@@ -19,16 +19,19 @@ def test_append_reload_and_fingerprint(tmp_path):
     assert other.records == {} and other.stale == 2
 
 
-def test_line_cut_by_a_kill_is_skipped_and_appending_resumes_cleanly(tmp_path):
+def test_line_cut_by_a_kill_is_removed_reported_and_appending_resumes_cleanly(tmp_path, capsys):
     c = SampleCache(tmp_path, "cfg", "gsm8k", "fp")
     c.append([rec(0)])
     with open(c.path, "a") as fh:
         fh.write('{"doc_id": "d1", "prompt_ha')  # killed mid-write
     c2 = SampleCache(tmp_path, "cfg", "gsm8k", "fp")
-    assert list(c2.records) == [("d0", "h0")]
+    assert list(c2.records) == [("d0", "h0")] and c2.torn == 1
+    assert "removed 1 line(s) cut short by an interrupted write" in capsys.readouterr().err
+    assert [json.loads(x)["doc_id"] for x in c2.path.read_text().splitlines()] == ["d0"]   # repaired on disk
     c2.append([rec(1)])
     lines = c2.path.read_text().splitlines()
-    assert json.loads(lines[-1])["doc_id"] == "d1"
+    assert len(lines) == 2 and json.loads(lines[-1])["doc_id"] == "d1"
+    assert SampleCache(tmp_path, "cfg", "gsm8k", "fp").torn == 0
     assert set(SampleCache(tmp_path, "cfg", "gsm8k", "fp").records) == {("d0", "h0"), ("d1", "h1")}
 
 

@@ -155,6 +155,21 @@ def test_bad_input_exits_2_before_any_work(tmp_path, tiny_model, data_dir, count
     assert counting["sequences"] == 0 and not (tmp_path / "o" / "cache").exists()
 
 
+def test_a_layout_the_model_cannot_take_exits_2_before_the_baseline_runs(tmp_path, data_dir, capsys):
+    """tp = dp = ep = 3 on an 8-expert fixture used to run the baseline for a minute, then exit 3 ("rerun to
+    resume") for an input that can never work."""
+    m = tmp_path / "m.toml"
+    m.write_text('[defaults]\nmodel = "fixture:qwen2-moe-shared"\nengine = "inproc"\ntarget = "spec"\n'
+                 '[[config]]\nname = "base"\nbaseline = true\n'
+                 '[[config]]\nname = "three"\ntp = 3\ndp = 3\nep = 3\n')
+    assert main(["signoff", "--matrix", str(m), "--data-dir", str(data_dir), "--out", str(tmp_path / "o"),
+                 *LIMITS]) == 2
+    err = capsys.readouterr().err
+    assert "config 'three': layout tp=3 dp=3 ep=3 cannot serve fixture:qwen2-moe-shared" in err
+    assert "num_experts % ep == 0" in err
+    assert not (tmp_path / "o" / "cache").exists()
+
+
 def test_colleague_reports_are_embedded(tmp_path, tiny_model, data_dir, counting):
     out = tmp_path / "o"
     (out / "reports").mkdir(parents=True)
@@ -168,3 +183,17 @@ def test_colleague_reports_are_embedded(tmp_path, tiny_model, data_dir, counting
     md = (out / "signoff.md").read_text()
     assert "kill-table.json" in md and "by killed" in md
     assert "property-suite.json" in md and "passed: 40" in md
+
+
+def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path, tiny_model, data_dir, counting, capsys):
+    m = write_matrix(tmp_path / "m.toml", tiny_model)
+    helpers.INTERRUPT["after"] = 30
+    try:
+        rc = main(["signoff", "--matrix", str(m), "--data-dir", str(data_dir), "--out", str(tmp_path / "o"),
+                   "--chunk-size", "8", *LIMITS])
+    finally:
+        helpers.INTERRUPT["after"] = None
+    err = capsys.readouterr().err
+    assert rc == 130
+    assert "interrupted during configuration" in err and "rerun the same command to resume" in err
+    assert "Traceback" not in err

@@ -1,0 +1,57 @@
+"""Bad property-suite options are usage errors before anything runs (checks.suite_options): each case names
+its problem; end to end, pytest exits 4 (usage error) instead of passing green with everything skipped or
+failing like a parity bug. Positive control: the default options, and other valid ones, have no problem."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checks.suite_options import problems
+
+ROOT = Path(__file__).resolve().parents[2]
+OK = dict(target="spec", world_sizes="1,2,4", dtypes="float32,bfloat16", models="", deadline=60.0)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"world_sizes": "0"}, "'0' is not a positive integer"),
+    ({"world_sizes": "1,x"}, "'x' is not a positive integer"),
+    ({"world_sizes": "3"}, "no valid layout of 3 ranks"),
+    ({"world_sizes": ""}, "not a positive integer"),
+    ({"dtypes": "float8"}, "--dtypes: unknown ['float8']"),
+    ({"models": "qwen9-moe"}, "unknown fixtures ['qwen9-moe']"),
+    ({"target": "nope.mod:X"}, "cannot load target 'nope.mod:X'"),
+    ({"target": "nope"}, "expected 'package.module:object'"),
+    ({"deadline": 0.0}, "--deadline must be positive"),
+], ids=lambda x: str(x)[:40])
+def test_each_bad_option_is_named(change, says):
+    bad = problems(**{**OK, **change})
+    assert len(bad) == 1 and says in bad[0], bad
+
+
+def test_every_broken_option_is_reported_at_once():
+    bad = problems("nope.mod:X", "3", "float8", "", 60.0)
+    assert len(bad) == 3 and {b.split(":")[0] for b in bad} == {"--world-sizes", "--dtypes", "--target"}
+
+
+@pytest.mark.parametrize("opts", [OK, {**OK, "world_sizes": "1,2,4,8", "dtypes": "float16",
+                                       "models": "qwen3-moe,qwen2-moe-shared", "target": "checks.mutants:B14"}])
+def test_valid_options_have_no_problem(opts):
+    assert problems(**opts) == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--world-sizes", "3"], "no valid layout of 3 ranks"),
+    (["--dtypes", "float8", "--target", "nope.mod:X"], "cannot load target"),
+])
+def test_pytest_exits_4_before_collecting(args, says):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "property_tests", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out[-2000:]
+    assert says in out and "collected" not in out
