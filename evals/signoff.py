@@ -85,6 +85,9 @@ def validate(args) -> tuple:
                 check_available(c)
             elif c.engine == "openai" and not str(c.base_url).startswith(("http://", "https://")):
                 problems.append(f"config {c.name!r}: base_url must start with http:// or https://")
+            elif c.engine == "openai" and (why := unreachable(c.base_url)):
+                problems.append(f"config {c.name!r}: no server at {c.base_url} ({why}); start it first, or "
+                                "use engine = \"sglang\" to have the sign-off launch one")
             elif c.engine == "sglang" and not c.launch and importlib.util.find_spec("sglang") is None:
                 problems.append(f"config {c.name!r}: engine 'sglang' needs the sglang package "
                                 "(pip install sglang) or a 'launch' command")
@@ -93,6 +96,24 @@ def validate(args) -> tuple:
     if problems:
         raise MatrixError(problems, matrix.path)
     return matrix, tasks
+
+
+def unreachable(base_url: str, timeout_s: float = 3.0) -> str | None:
+    """Why nothing accepts a TCP connection at the server's host and port (None when something does): a
+    dead server is bad input, found before the baseline runs, not an engine failure a rerun would resume."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(base_url)
+    try:
+        port = u.port or (443 if u.scheme == "https" else 80)
+    except ValueError as e:
+        return str(e)
+    try:
+        socket.create_connection((u.hostname or "", port), timeout=timeout_s).close()
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
 
 
 def prepare_samples(args, tasks, data):
