@@ -51,10 +51,9 @@ def _checked(parse):
 
 
 def _problems(a) -> list[str]:
-    from checks.suite_options import fixture_config
     from checks.targets.protocol import resolve
     from checks.topology import layout_violations
-    from fixtures.specs import FIXTURES
+    from fixtures.specs import FIXTURES, fixture_config
 
     out = []
     if a.fixture not in FIXTURES:

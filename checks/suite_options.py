@@ -8,12 +8,7 @@ from __future__ import annotations
 
 from checks.batches import DTYPES
 from checks.topology import Layout, layout_violations, valid_layouts
-from fixtures.specs import FIXTURES
-
-
-def fixture_config(name: str) -> dict:
-    s = FIXTURES[name]
-    return {k: getattr(s, k) for k in s.__dataclass_fields__}
+from fixtures.specs import FIXTURES, fixture_config
 
 
 def problems(target: str, world_sizes: str, dtypes: str, models: str, deadline: float) -> list[str]:

@@ -117,8 +117,8 @@ def error_test(p: Paired, truth: dict[str, dict], gate: GateSettings) -> dict:
     the baseline's; the tolerance model allows FACTOR (2) times. H0: mean e_c <= FACTOR * mean e_b, tested on
     the documents' sums of e_c - FACTOR * e_b (documents are the clusters: a wrong step corrupts the K/V of
     every later token of its request) with a one-sided sign-flip test. Measured on the default fixture in
-    bfloat16 (docs/evals.md, "The tolerance test"): correct layouts 0.99-1.07x; a decode step that reads
-    another rank's rows or reduces twice, several times more.
+    bfloat16 (docs/evals.md, "The tolerance test"): correct layouts 1.00-1.07x; catalog mutant M08 (the MoE
+    output reduced twice in idle-rank decode steps) 1.76x, inside the bound: it is caught by the per-token rule.
 
     A fault confined to a few documents barely moves that mean, and a sign-flip test over documents cannot
     reject on a handful of them; the tolerance model's per-row bound catches it: no token may err more than
@@ -286,7 +286,7 @@ def _verdict(c: dict, gate: GateSettings) -> None:
                 f"the baseline's in the same dtype (mean error {err['err_cfg']:.3g} vs {err['err_base']:.3g} "
                 f"nats; the tolerance model allows {err['factor']:g}x; {err['beyond']} tokens beyond "
                 f"{err['factor']:g}x the baseline's largest error {err['max_base']:.3g}")
-        bad = err["p_holm"] < a or err["beyond"] > 0
+        failed_before = len(fail)
         if err["p_holm"] < a:
             fail.append(f"{what}, worst document {err['worst_doc']}): a computation fault, not rounding "
                         f"({err['method']} p={err['p']:.2g}, Holm-adjusted p={err['p_holm']:.2g} < {a})")
@@ -294,7 +294,7 @@ def _verdict(c: dict, gate: GateSettings) -> None:
             fail.append(f"{err['beyond']} reference tokens err more than the tolerance model's per-token bound "
                         f"({err['factor']:g}x the baseline's largest error, {err['max_base']:.3g} nats): up to "
                         f"{err['max_cfg']:.3g} nats, in document {err['peak_doc']}: a computation fault")
-        if not bad:
+        if len(fail) == failed_before:
             why.append(f"within the tolerance model: {what})")
     if gate.min_agreement is not None and c["agreement"] < gate.min_agreement:
         fail.append(f"agreement {100 * c['agreement']:.1f}% ({c['agreement_what']}) is below the "

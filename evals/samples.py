@@ -129,16 +129,20 @@ def score_gsm8k(taskset: TaskSet, s: Sample, generation: str, gold=None) -> dict
     rec = {"task": "gsm8k", "doc_id": s.doc_id, "prompt_hash": s.prompt_hash, "subject": None,
            "gold": gsm8k_gold(s.doc["answer"]), "generation": generation, "extracted": extracted,
            "metrics": metrics}
-    if gold is not None:     # teacher-forced reference solution: per token, greedy choice and log-probability
-        rec["gold_greedy"] = [bool(g) for _, g in gold]
-        rec["gold_logprob"] = [float(lp) for lp, _ in gold]   # unrounded: the tolerance test needs its noise
+    if gold is not None:
+        rec |= gold_fields(gold)
     return rec
+
+
+def gold_fields(gold) -> dict:
+    """A teacher-forced reference solution, per token: greedy choice, and log-probability (unrounded: the
+    tolerance test needs its noise)."""
+    return {"gold_greedy": [bool(g) for _, g in gold], "gold_logprob": [float(lp) for lp, _ in gold]}
 
 
 def score_gold(s: Sample, gold) -> dict:
     """The truth run's record of a GSM8K document: only its teacher-forced reference tokens."""
-    return {"task": "gsm8k-gold", "doc_id": s.doc_id, "prompt_hash": s.prompt_hash,
-            "gold_greedy": [bool(g) for _, g in gold], "gold_logprob": [float(lp) for lp, _ in gold]}
+    return {"task": "gsm8k-gold", "doc_id": s.doc_id, "prompt_hash": s.prompt_hash, **gold_fields(gold)}
 
 
 def run_chunk(lm, taskset: TaskSet, task: str, chunk: list[Sample]) -> list[dict]:

@@ -153,6 +153,16 @@ def truth_config(matrix, tasks):
     return dataclasses.replace(base, name=f"{base.name}~float64", dtype="float64", baseline=False)
 
 
+def config_row(c, tasks, verdict, args, role: str | None = None) -> dict:
+    """A configuration as the report lists it, with its engine's step counters over `tasks`."""
+    from evals.runner import serving_stats
+
+    row = {"name": c.name, "layout": c.layout, "engine": c.engine, "target": c.target or c.factory,
+           "model": c.model_path, "dtype": c.dtype, "verdict": verdict,
+           "serving": serving_stats(c, tasks, args.max_gen_toks, args.out)}
+    return row | ({"role": role} if role else {})
+
+
 def run(args) -> int:
     t0 = time.monotonic()
     if args.torch_threads:
@@ -168,7 +178,7 @@ def run(args) -> int:
         return EXIT_INPUT
     from evals import gate as G
     from evals import report
-    from evals.runner import run_config, serving_stats
+    from evals.runner import run_config
 
     gs = matrix.gate
     base = matrix.baseline
@@ -237,13 +247,8 @@ def run(args) -> int:
         "verdict": overall, "matrix": str(args.matrix), "data_source": data.source, "seed": args.seed,
         "gate": {**dataclasses.asdict(gs)}, "lm_eval_version": getattr(lm_eval, "__version__", "?"),
         "baseline": base.name, "tasks": list(samples),
-        "configs": [{"name": c.name, "layout": c.layout, "engine": c.engine, "target": c.target or c.factory,
-                     "model": c.model_path, "dtype": c.dtype, "verdict": verdicts.get(c.name),
-                     "serving": serving_stats(c, samples, args.max_gen_toks, args.out)}
-                    for c in matrix.ordered()]
-        + ([{"name": truth.name, "layout": truth.layout, "engine": truth.engine, "target": truth.target,
-             "model": truth.model_path, "dtype": truth.dtype, "verdict": None, "role": "float64 truth",
-             "serving": serving_stats(truth, ["gsm8k-gold"], args.max_gen_toks, args.out)}] if truth else []),
+        "configs": [config_row(c, samples, verdicts.get(c.name), args) for c in matrix.ordered()]
+        + ([config_row(truth, ["gsm8k-gold"], None, args, role="float64 truth")] if truth else []),
         "plan": power, "comparisons": all_cmp, "measures": list(dict.fromkeys(x["task"] for x in all_cmp)),
         "n_tests": len(G.family(all_cmp)),
         "aa": aa_notes, "findings": findings,

@@ -227,6 +227,11 @@ def signflip_test(cluster_sums) -> float:
     return float(min(1.0, dist[values >= observed].sum()))
 
 
+def _sign_patterns(g: int) -> np.ndarray:
+    """Every one of the 2^g sign vectors of g clusters, one per row, as +-1 floats."""
+    return (1 - 2 * ((np.arange(2 ** g)[:, None] >> np.arange(g)) & 1)).astype(float)
+
+
 def signflip_greater(cluster_sums, n_mc: int = 20000, seed: int = 0, exact_limit: int = 16) -> float:
     """One-sided sign-flip test that real-valued paired cluster sums have a mean above 0: under H0 (mean 0,
     each cluster's sum as likely to carry either sign, whatever the dependence inside the cluster) the p-value
@@ -239,8 +244,7 @@ def signflip_greater(cluster_sums, n_mc: int = 20000, seed: int = 0, exact_limit
     observed = float(s.sum())
     tol = 1e-9 * float(np.abs(s).sum())
     if s.size <= exact_limit:
-        signs = 1 - 2 * ((np.arange(2 ** s.size)[:, None] >> np.arange(s.size)) & 1)
-        return float(np.mean(signs @ s >= observed - tol))
+        return float(np.mean(_sign_patterns(s.size) @ s >= observed - tol))
     rng = np.random.default_rng(seed)
     hits, done = 0, 0
     while done < n_mc:                                    # blocks keep memory at ~16 MB for any cluster count
@@ -276,8 +280,7 @@ def cluster_symmetry(tables, n_mc: int = 20000, seed: int = 0, exact_limit: int 
     if g == 0:
         return SymmetryResult(observed, df, p_asym, 1.0, "every cluster symmetric")
     if g <= exact_limit:
-        signs = 1 - 2 * ((np.arange(2 ** g)[:, None] >> np.arange(g)) & 1)
-        p = float(np.mean(stat(signs.astype(float)) >= observed - 1e-9))
+        p = float(np.mean(stat(_sign_patterns(g)) >= observed - 1e-9))
         method = f"exact over {2 ** g} sign patterns of {g} clusters"
     else:
         rng = np.random.default_rng(seed)

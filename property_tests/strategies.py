@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from checks.batches import Batch, Request
 from checks.topology import Layout, valid_layouts
-from fixtures.specs import FIXTURES
+from fixtures.specs import FIXTURES, fixture_config
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,6 @@ class Example:
         return (f"python -m checks.replay --target {target} --unit {unit} --fixture {self.fixture} "
                 f"--layout {self.layout} --dtype {self.dtype} --layer {self.layer} "
                 f"--batch '{self.batch.describe()}'")
-
-
-def fixture_config(name: str) -> dict:
-    s = FIXTURES[name]
-    return {k: getattr(s, k) for k in s.__dataclass_fields__}
 
 
 def layouts_for(fixture: str, world_sizes, with_dp_lm_head: bool = False) -> list[Layout]:
