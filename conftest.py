@@ -1,34 +1,20 @@
 """Suite-wide options and hypothesis profiles.
 
-Options: --target (spec, or package.module:object), --world-sizes, --dtypes, --fixtures, --device,
---deadline. Profiles: ci (derandomized, the default), dev, fuzz (random seeds, database kept), release,
-gpu (derandomized, more examples: for `--device cuda` runs, docs/gpu.md); choose with --hypothesis-profile
-or DPEP_PROFILE. The `gpu` marker tags the production-size tier (property_tests/test_gpu.py), which skips
-without CUDA.
+Options: --target (spec, or package.module:object), --world-sizes, --dtypes, --models, --device,
+--deadline. Hypothesis profiles (ci, the default; dev, fuzz, release, gpu) are in checks/profiles.py;
+choose with --hypothesis-profile or DPEP_PROFILE, and DPEP_MAX_EXAMPLES always sets the count. The `gpu`
+marker tags the production-size tier (property_tests/test_gpu.py), which skips without CUDA.
 """
 from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+import pytest
+from hypothesis import settings
 
-_SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", derandomize=True, max_examples=12, deadline=None, database=None,
-                          print_blob=True, suppress_health_check=_SLOW)
-settings.register_profile("dev", max_examples=30, deadline=None, print_blob=True, suppress_health_check=_SLOW)
-settings.register_profile("fuzz", max_examples=500, deadline=None, print_blob=True, suppress_health_check=_SLOW,
-                          database=DirectoryBasedExampleDatabase(".hypothesis/fuzz-examples"))
-settings.register_profile("release", derandomize=True, max_examples=150, deadline=None, database=None,
-                          print_blob=True, suppress_health_check=_SLOW)
-# GPU runners: examples are cheap on the device once the worlds are up, so search more of them; still
-# derandomized, so a device run is reproducible. The production-size tier (test_gpu.py) takes a quarter.
-settings.register_profile("gpu", derandomize=True, max_examples=40, deadline=None, database=None,
-                          print_blob=True, suppress_health_check=_SLOW)
-settings.load_profile(os.environ.get("DPEP_PROFILE", "ci"))
-if os.environ.get("DPEP_MAX_EXAMPLES"):   # e.g. a time-boxed fuzz run
-    settings.register_profile("_override", settings(max_examples=int(os.environ["DPEP_MAX_EXAMPLES"])))
-    settings.load_profile("_override")
+from checks import profiles
+
+profiles.load_default()
 
 
 def pytest_addoption(parser):
@@ -45,17 +31,19 @@ def pytest_addoption(parser):
                 help="seconds an example may take before its world is diagnosed and killed")
 
 
+@pytest.hookimpl(trylast=True)   # after hypothesis's plugin has loaded --hypothesis-profile
 def pytest_configure(config):
-    import pytest
-
     from checks.suite_options import problems
     bad = problems(config.getoption("--target"), config.getoption("--world-sizes"), config.getoption("--dtypes"),
-                   config.getoption("--models"), config.getoption("--deadline"))
+                   config.getoption("--models"), config.getoption("--deadline")) + profiles.problems()
+    if config.getoption("--device") == "cuda" and not hasattr(config, "workerinput"):
+        from checks.gpus import visible_gpus
+        if not visible_gpus():   # read with nvidia-smi: nothing initializes CUDA in the controller
+            bad.append("--device cuda: no GPU is visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES is "
+                       "empty); use --device cpu, or auto to take GPUs when there are some")
     if bad:   # a usage error (exit 4) before anything is collected, every broken option at once
         raise pytest.UsageError("dpep options:\n  " + "\n  ".join(bad))
-    profile = config.getoption("--hypothesis-profile", default=None)
-    if profile:
-        settings.load_profile(profile)
+    profiles.apply_max_examples()
     config.addinivalue_line("markers", "gpu: production-size tier, needs CUDA (--device cuda|auto); "
                                        "skipped on CPU runs")
     device = config.getoption("--device")
@@ -69,7 +57,8 @@ def pytest_report_header(config):
     sizes = [int(w) for w in config.getoption("--world-sizes").split(",") if w]
     return [f"dpep: target={config.getoption('--target')} device={config.getoption('--device')} "
             f"world sizes={config.getoption('--world-sizes')} dtypes={config.getoption('--dtypes')} "
-            f"hypothesis profile={settings._current_profile}",
+            f"hypothesis profile={settings.get_current_profile_name()} "
+            f"(max_examples={settings.default.max_examples})",
             device_header(config.getoption("--device"), sizes, config)]
 
 
@@ -82,8 +71,6 @@ def device_header(device: str, sizes: list[int], config) -> str:
     from checks.gpus import visible_gpus, worker_slice
     gpus = visible_gpus()
     if not gpus:
-        if device == "cuda":
-            return "dpep worlds: --device cuda but no GPU is visible (worlds will fail to start)"
         return "dpep worlds: --device auto, no GPU visible: " + describe_backends(sizes, 0)
     n = getattr(config.option, "numprocesses", None)
     workers = n if isinstance(n, int) and n > 0 else 1
@@ -111,7 +98,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     out.mkdir(exist_ok=True)
     (out / "property-suite.json").write_text(json.dumps({
         "summary": f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
-                   f"(target {config.getoption('--target')}, profile {settings._current_profile}, "
+                   f"(target {config.getoption('--target')}, profile {settings.get_current_profile_name()}, "
                    f"world sizes {config.getoption('--world-sizes')})",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts,
         "failed_tests": [r.nodeid for r in props["failed"]]}, indent=2))

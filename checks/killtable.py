@@ -1,11 +1,25 @@
-"""The kill table: run the property suite against every mutant of the catalog and the unmutated spec.
+"""The kill table: run the property suite against every mutant of the catalog (or your own targets) and an
+unmutated control, and say who caught what.
 
-    python -m checks.killtable [--jobs 2] [--only B14,B15] [--out reports] [--check] [-- PYTEST ARGS]
+    python -m checks.killtable [--jobs 2] [--only B14,B15] [--target pkg.mod:OBJ ...] [--control spec]
+                               [--out reports] [--check] [-- PYTEST ARGS]
 
-Each mutant gets its own pytest process (`--target checks.mutants:ID -x`), so a hang or crash in one
-cannot touch another; the table says which property killed it, with the failure's first lines and the
-time to kill. Written to reports/kill-table.{json,md}; with --check, exits 1 unless every mutant is killed
-and the spec passes.
+Each target gets its own pytest process (`--target ... -x` on property_tests/test_parity.py and
+test_stateful.py, hypothesis profile `kill`: ci without shrinking, unless DPEP_PROFILE says otherwise), so a
+hang or crash in one cannot touch another.
+A kill is a property of the suite failing: a failed check of checks.parity (parity, ownership, routing,
+dispatch, padding-rule, collectives, greedy, or liveness: a diagnosed hang / a rank that raised). Anything
+else is not a kill and has its own verdict: ERROR (a collection, usage or import error, a test that crashed
+without a property failing), TIMEOUT (the suite run exceeded --timeout), SURVIVED. Each catalog mutant
+declares the properties that should catch it (checks.mutants, `kills=`); a kill by another property is
+flagged "killed-elsewhere": the bug was seen, but not where its mechanism says it should be, so either the
+declaration or a property is wrong. Outside targets may declare `expected_kills` (a tuple of property
+names); without it any property kill counts.
+
+With --target the catalog is not run (unless --only names some of it): users check their own mutants. The
+control (default: the spec; with --control, e.g. your unmutated engine) must pass. Written to
+reports/kill-table.{json,md}; with --check, exits 1 unless the control passes and every target is killed by
+an expected property.
 """
 from __future__ import annotations
 
@@ -24,103 +38,165 @@ from pathlib import Path
 from checks.mutants import CATALOG, NOT_EXPRESSED
 
 ROOT = Path(__file__).resolve().parent.parent
+# the checks a result of checks.parity carries (Check.prop), printed as "[prop] message" by ParityResult.report
+PROPERTIES = ("parity", "ownership", "routing", "dispatch", "padding-rule", "collectives", "greedy", "liveness",
+              "no-crash")
+# the single-forward properties first (pinned triggers, then the search), then sequences of forwards on one build
+SUITE = ("property_tests/test_parity.py", "property_tests/test_stateful.py")
+PYTEST_EXIT = {2: "interrupted or collection error", 3: "pytest internal error", 4: "usage error",
+               5: "no test collected"}
 
 
 def run_suite(target: str, extra: list[str], timeout_s: float) -> dict:
+    """One pytest run of the property suite on `target`: exit code, time, and its failing test cases."""
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "junit.xml")
-        cmd = [sys.executable, "-m", "pytest", "property_tests/test_parity.py", "-x", "-q", "-p", "no:cacheprovider",
-               "-p", "no:randomly", f"--target={target}", f"--junitxml={xml}", *extra]
+        cmd = [sys.executable, "-m", "pytest", *SUITE, "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+               f"--target={target}", f"--junitxml={xml}", *extra]
+        env = {**os.environ, "DPEP_PROFILE": os.environ.get("DPEP_PROFILE") or "kill"}
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
             rc, out = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
-            rc, out = -9, f"suite exceeded {timeout_s:.0f}s: {(e.stdout or b'')[-2000:]!r}"
+            rc, out = None, f"suite exceeded {timeout_s:.0f}s: {(e.stdout or b'')[-2000:]!r}"
         seconds = time.perf_counter() - t0
-        test, message = None, ""
-        if os.path.exists(xml):
-            for case in ET.parse(xml).getroot().iter("testcase"):
-                fail = case.find("failure") if case.find("failure") is not None else case.find("error")
-                if fail is not None:
-                    test = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
-                    message = (fail.get("message") or "") + "\n" + (fail.text or "")
-                    break
-    return {"target": target, "rc": rc, "seconds": round(seconds, 1), "test": test,
-            "property": _property(message), "message": _excerpt(message) if test else _excerpt(out)}
+        cases = junit_failures(xml) if os.path.exists(xml) else []
+    return {"target": target, "rc": rc, "seconds": round(seconds, 1), "cases": cases, "output": out[-4000:]}
 
 
-def _property(message: str) -> str | None:
-    m = re.search(r"^\s*(?:E\s+)?(?:AssertionError: )?.*?\[([a-z][\w-]*)\]", message, re.M)
-    return m.group(1) if m else None
+def junit_failures(path: str) -> list[dict]:
+    """Failing test cases of a junit file, in order: {"test", "kind": "failure" | "error", "message"}."""
+    out = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        for kind in ("failure", "error"):
+            el = case.find(kind)
+            if el is not None:
+                out.append({"test": f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}", "kind": kind,
+                            "message": (el.get("message") or "") + "\n" + (el.text or "")})
+                break
+    return out
+
+
+def properties_in(message: str) -> list[str]:
+    """The suite's failed properties named in a failure message ("[parity] ..." lines), in order."""
+    found = re.findall(r"^\s*(?:E\s+)?(?:AssertionError: )?\[([a-z][\w-]*)\]", message, re.M)
+    return list(dict.fromkeys(p for p in found if p in PROPERTIES))
+
+
+def classify(run: dict, expected: tuple[str, ...] = ()) -> dict:
+    """The verdict of one mutant's run: killed / killed-elsewhere / SURVIVED / ERROR / TIMEOUT, the
+    properties that failed, the test, and the first lines of the evidence."""
+    rc, cases = run["rc"], run["cases"]
+    base = {"rc": rc, "seconds": run["seconds"], "test": None, "properties": [], "message": ""}
+    if rc is None:
+        return {**base, "verdict": "TIMEOUT", "message": _excerpt(run["output"])}
+    if rc == 0:
+        return {**base, "verdict": "SURVIVED"}
+    failed = [c for c in cases if c["kind"] == "failure" and properties_in(c["message"])]
+    if rc != 1 or not failed:
+        why = PYTEST_EXIT.get(rc, f"pytest exit {rc}")
+        first = cases[0] if cases else None
+        text = first["message"] if first else run["output"]
+        return {**base, "verdict": "ERROR", "test": first["test"] if first else None,
+                "message": f"not a kill ({why}{', ' + first['kind'] + ' without a failed property' if first else ''}): "
+                           + _excerpt(text)}
+    case = failed[0]
+    props = properties_in(case["message"])
+    ok = not expected or any(p in expected for p in props)
+    return {**base, "verdict": "killed" if ok else "killed-elsewhere", "test": case["test"], "properties": props,
+            "message": _excerpt(case["message"])}
 
 
 def _excerpt(text: str, lines: int = 4) -> str:
-    keep = [l.strip() for l in text.splitlines() if l.strip().startswith(("[", "HANG", "MISMATCH", "DEADLOCK", "-"))
+    keep = [l.strip().removeprefix("E").strip() for l in text.splitlines()
+            if l.strip().removeprefix("E").strip().startswith(("[", "HANG", "MISMATCH", "DEADLOCK", "-"))
             or "FAIL" in l or "rows beyond" in l or "bias" in l]
     return "\n".join(keep[:lines]) or "\n".join(text.strip().splitlines()[-lines:])
+
+
+def expectation(target: str) -> tuple[str, ...]:
+    """The properties a target declares should kill it (`expected_kills`); () when it declares none or
+    cannot be loaded (its run then reports the load error)."""
+    from checks.targets.protocol import resolve
+    try:
+        return tuple(getattr(resolve(target), "expected_kills", ()) or ())
+    except ValueError:
+        return ()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m checks.killtable", description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--only", default="", help="comma-separated mutant ids")
+    ap.add_argument("--only", default="", help="comma-separated catalog mutant ids")
+    ap.add_argument("--target", action="append", default=[], metavar="PKG.MOD:OBJ",
+                    help="an outside target to run instead of the catalog (repeatable)")
+    ap.add_argument("--control", default="spec", help="the unmutated target that must pass (default: spec)")
     ap.add_argument("--out", default=str(ROOT / "reports"))
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per suite run")
-    ap.add_argument("--check", action="store_true", help="exit 1 unless every mutant dies and spec passes")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 unless every target is killed by an expected property and the control passes")
     ap.add_argument("pytest_args", nargs="*")
     a = ap.parse_args(argv)
-    ids = [i for i in (a.only.split(",") if a.only else CATALOG) if i]
+    ids = [i for i in (a.only.split(",") if a.only else ([] if a.target else CATALOG)) if i]
     unknown = [i for i in ids if i not in CATALOG]
     if unknown:
         ap.error(f"unknown mutant ids {unknown}; known: {', '.join(CATALOG)}")
-    targets = ["spec"] + [f"checks.mutants:{i}" for i in ids]
-    print(f"kill table: {len(ids)} mutants + spec, {a.jobs} at a time", flush=True)
-    rows = {}
+    if a.jobs < 1 or a.timeout <= 0:
+        ap.error("--jobs and --timeout must be positive")
+    rows = {f"checks.mutants:{i}": {"id": i, "name": CATALOG[i].name, "kind": CATALOG[i].kind,
+                                    "mechanism": CATALOG[i].mechanism, "expected": list(CATALOG[i].kills)}
+            for i in ids}
+    for t in a.target:
+        rows[t] = {"id": t, "name": t, "kind": "outside target", "mechanism": "", "expected": list(expectation(t))}
+    print(f"kill table: {len(rows)} target(s) + control {a.control}, {a.jobs} at a time", flush=True)
+    runs = {}
     with ThreadPoolExecutor(a.jobs) as pool:
-        futs = {pool.submit(run_suite, t, a.pytest_args, a.timeout): t for t in targets}
+        futs = {pool.submit(run_suite, t, a.pytest_args, a.timeout): t for t in [a.control, *rows]}
         for f in futs:
-            r = f.result()
-            rows[futs[f]] = r
-            name = futs[f].split(":")[-1]
-            state = ("PASS" if r["rc"] == 0 else "FAIL") if name == "spec" else \
-                ("killed" if r["rc"] not in (0, 5) else "SURVIVED")
-            print(f"  {name:5s} {state:8s} {r['seconds']:6.1f}s  {r['property'] or '-':12s} {r['test'] or ''}",
-                  flush=True)
-    table = build_table(rows, ids)
+            t, r = futs[f], f.result()
+            runs[t] = r
+            if t == a.control:
+                print(f"  control {t}: {'PASS' if r['rc'] == 0 else 'FAIL'} {r['seconds']:6.1f}s", flush=True)
+            else:
+                v = classify(r, tuple(rows[t]["expected"]))
+                print(f"  {rows[t]['id']:5s} {v['verdict']:16s} {r['seconds']:6.1f}s  "
+                      f"{','.join(v['properties']) or '-':16s} {v['test'] or ''}", flush=True)
+    table = build_table(rows, runs, a.control)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kill-table.json").write_text(json.dumps(table, indent=2))
     (out / "kill-table.md").write_text(to_markdown(table))
     print(to_markdown(table))
-    ok = table["spec_passed"] and table["killed"] == table["expressible"]
+    ok = table["control_passed"] and table["killed"] == table["targets"]
     return 0 if ok or not a.check else 1
 
 
-def build_table(rows: dict, ids: list[str]) -> dict:
-    muts = []
-    for i in ids:
-        m, r = CATALOG[i], rows[f"checks.mutants:{i}"]
-        muts.append({"id": i, "name": m.name, "kind": m.kind, "mechanism": m.mechanism,
-                     "killed": r["rc"] not in (0, 5), "property": r["property"], "test": r["test"],
-                     "seconds": r["seconds"], "message": r["message"]})
-    spec = rows["spec"]
-    killed = sum(m["killed"] for m in muts)
-    return {"summary": f"spec {'passes' if spec['rc'] == 0 else 'FAILS'}; {killed} of {len(muts)} mutants killed",
-            "spec_passed": spec["rc"] == 0, "spec_seconds": spec["seconds"], "spec_message": spec["message"],
-            "expressible": len(muts), "killed": sum(m["killed"] for m in muts), "mutants": muts,
+def build_table(rows: dict, runs: dict, control: str) -> dict:
+    muts = [{**meta, **classify(runs[t], tuple(meta["expected"]))} for t, meta in rows.items()]
+    c = runs[control]
+    count = {v: sum(m["verdict"] == v for m in muts) for v in ("killed", "killed-elsewhere", "SURVIVED", "ERROR",
+                                                               "TIMEOUT")}
+    control_state = "passes" if c["rc"] == 0 else ("FAILS" if c["rc"] == 1 else
+                                                   f"ERROR ({PYTEST_EXIT.get(c['rc'], c['rc'])})")
+    summary = (f"control {control} {control_state}; {count['killed']} of {len(muts)} targets killed by an expected "
+               f"property" + "".join(f", {n} {v}" for v, n in count.items() if v != "killed" and n))
+    return {"summary": summary, "control": control, "control_passed": c["rc"] == 0, "control_seconds": c["seconds"],
+            "control_message": "" if c["rc"] == 0 else _excerpt(c["cases"][0]["message"] if c["cases"] else c["output"]),
+            "targets": len(muts), **{k.lower().replace("-", "_"): n for k, n in count.items()}, "mutants": muts,
             "not_expressed": NOT_EXPRESSED}
 
 
 def to_markdown(t: dict) -> str:
-    lines = ["# Kill table\n", f"spec (unmutated): {'PASS' if t['spec_passed'] else 'FAIL'} "
-             f"({t['spec_seconds']} s); mutants killed: {t['killed']} / {t['expressible']}\n",
-             "| id | mutant | kind | killed | by property | test | time (s) | first lines |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["# Kill table\n", f"{t['summary']}\n", f"control {t['control']}: {t['control_seconds']} s"
+             + (f"; {t['control_message']}" if t["control_message"] else "") + "\n",
+             "| id | mutant | kind | verdict | failed properties | expected | test | time (s) | first lines |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for m in t["mutants"]:
         msg = m["message"].replace("|", "\\|").replace("\n", "<br>")[:300]
-        lines.append(f"| {m['id']} | {m['name']} | {m['kind']} | {'yes' if m['killed'] else '**NO**'} | "
-                     f"{m['property'] or '-'} | {m['test'] or '-'} | {m['seconds']} | {msg} |")
+        verdict = m["verdict"] if m["verdict"] == "killed" else f"**{m['verdict']}**"
+        lines.append(f"| {m['id']} | {m['name']} | {m['kind']} | {verdict} | {', '.join(m['properties']) or '-'} | "
+                     f"{', '.join(m['expected']) or 'any'} | {m['test'] or '-'} | {m['seconds']} | {msg} |")
     lines.append("\nNot expressed by a layer-level run of the spec:\n")
     lines += [f"- {k}: {v}" for k, v in t["not_expressed"].items()]
     return "\n".join(lines) + "\n"

@@ -23,20 +23,23 @@ class Mutant:
     kind: str          # what a user sees: wrong numbers, hang, crash
     mechanism: str
     model: type
+    kills: tuple[str, ...] = ()   # the properties (checks.parity.Check.prop) that should catch it: the kill
+                                  # table flags a kill by any other as unexplained
 
 
 CATALOG: dict[str, Mutant] = {}
 
 
-def mutant(id: str, name: str, kind: str, mechanism: str):
+def mutant(id: str, name: str, kind: str, mechanism: str, kills: tuple[str, ...]):
     def register(cls):
-        CATALOG[id] = Mutant(id, name, kind, mechanism, cls)
+        CATALOG[id] = Mutant(id, name, kind, mechanism, cls, kills)
         return cls
     return register
 
 
 @mutant("B01", "attention-over-full-tp", "crash",
-        "attention sharded and all-reduced over the whole TP group while DP ranks hold different batches")
+        "attention sharded and all-reduced over the whole TP group while DP ranks hold different batches",
+        kills=("parity", "ownership", "no-crash"))
 class AttentionOverFullTP(SpecModel):
     def attention(self, i, step, xs):
         lay, r = self.lay, self.attn_tp_rank
@@ -50,7 +53,8 @@ class AttentionOverFullTP(SpecModel):
         return out
 
 
-@mutant("B02", "idle-rank-skips-gather", "hang", "a rank with zero tokens skips the DP gather the others enter")
+@mutant("B02", "idle-rank-skips-gather", "hang", "a rank with zero tokens skips the DP gather the others enter",
+        kills=("liveness",))
 class IdleSkipsGather(SpecModel):
     def gather(self, local, step, mode, partial):
         if step.num_tokens == 0:
@@ -61,7 +65,8 @@ class IdleSkipsGather(SpecModel):
 
 
 @mutant("B03", "wrong-attn-tp-rank", "wrong numbers",
-        "attention-TP rank taken as rank // dp instead of the global map rank % attn_tp: heads duplicated")
+        "attention-TP rank taken as rank // dp instead of the global map rank % attn_tp: heads duplicated",
+        kills=("parity", "routing"))
 class WrongAttnTPRank(SpecModel):
     def __init__(self, env):
         super().__init__(env)
@@ -69,21 +74,24 @@ class WrongAttnTPRank(SpecModel):
 
 
 @mutant("B04", "unaligned-max-len", "crash",
-        "MAX_LEN slot not aligned to attention TP before the reduce-scatter")
+        "MAX_LEN slot not aligned to attention TP before the reduce-scatter",
+        kills=("no-crash", "liveness"))
 class UnalignedMaxLen(SpecModel):
     def max_len(self, counts):
         return max(counts)
 
 
 @mutant("B06", "local-dp-offset", "wrong numbers",
-        "gather/scatter offsets computed from the rank inside its group instead of the global DP rank")
+        "gather/scatter offsets computed from the rank inside its group instead of the global DP rank",
+        kills=("ownership", "parity"))
 class LocalDpOffset(SpecModel):
     def dp_offset(self, counts):
         return sum(counts[: self.attn_tp_rank % len(counts)])
 
 
 @mutant("B07", "lm-head-group-mismatch", "wrong logits / shape crash",
-        "dp-lm-head: vocab sharded over the attention-TP group but logits gathered over the TP group")
+        "dp-lm-head: vocab sharded over the attention-TP group but logits gathered over the TP group",
+        kills=("liveness", "ownership", "no-crash"))
 class LmHeadGroupMismatch(SpecModel):
     def vocab_parallel(self, h, parts, idx, group):
         if self.lay.dp_lm_head:
@@ -92,7 +100,8 @@ class LmHeadGroupMismatch(SpecModel):
 
 
 @mutant("B08", "reduce-only-with-shared-expert", "wrong numbers",
-        "the MoE all-reduce nested under 'if shared expert': routed partials never reduced without one")
+        "the MoE all-reduce nested under 'if shared expert': routed partials never reduced without one",
+        kills=("parity",))
 class ReduceOnlyWithShared(SpecModel):
     def _has_shared(self):
         return bool(self.cfg.get("shared_expert_intermediate_size"))
@@ -108,7 +117,8 @@ class ReduceOnlyWithShared(SpecModel):
 
 
 @mutant("B09", "every-layer-sparse", "silent garbage",
-        "decoder_sparse_step / mlp_only_layers ignored: dense layers' MLP weights silently dropped")
+        "decoder_sparse_step / mlp_only_layers ignored: dense layers' MLP weights silently dropped",
+        kills=("parity",))
 class EveryLayerSparse(SpecModel):
     def mlp(self, i, x, n_real, counts):
         if not self.is_sparse(i):
@@ -117,7 +127,8 @@ class EveryLayerSparse(SpecModel):
 
 
 @mutant("B10", "shared-reads-overwritten-input", "wrong numbers",
-        "the shared expert reads its input after the in-place routed MoE overwrote it")
+        "the shared expert reads its input after the in-place routed MoE overwrote it",
+        kills=("parity",))
 class SharedReadsOverwritten(SpecModel):
     def moe(self, i, x, n_real, counts):
         w, ids = self.route(i, x)
@@ -127,14 +138,16 @@ class SharedReadsOverwritten(SpecModel):
 
 
 @mutant("B11", "padded-rows-dispatched", "polluted expert stats",
-        "MAX_LEN padding rows dispatched to experts (num_token_non_padded missing)")
+        "MAX_LEN padding rows dispatched to experts (num_token_non_padded missing)",
+        kills=("dispatch",))
 class PaddedRowsDispatched(SpecModel):
     def mask_padding(self, ids, n_real):
         return ids
 
 
 @mutant("B12", "max-len-during-extend", "accuracy drop",
-        "padding mode chosen by cost alone: MAX_LEN padding while ranks extend")
+        "padding mode chosen by cost alone: MAX_LEN padding while ranks extend",
+        kills=("padding-rule",))
 class MaxLenDuringExtend(SpecModel):
     def padding_mode(self, step):
         counts = step.batch.tokens_per_dp()
@@ -144,7 +157,8 @@ class MaxLenDuringExtend(SpecModel):
 
 
 @mutant("B13", "scatter-into-shared-local-buffer", "wrong numbers",
-        "dp_scatter writes into one persistent local buffer that the next scatter overwrites (aliasing)")
+        "dp_scatter writes into one persistent local buffer that the next scatter overwrites (aliasing)",
+        kills=("parity",))
 class ScatterIntoSharedBuffer(SpecModel):
     def scatter(self, buf, step, mode):
         off, n = self.slot(step, mode)
@@ -157,7 +171,8 @@ class ScatterIntoSharedBuffer(SpecModel):
 
 
 @mutant("B14", "double-reduction", "wrong numbers, fluent text",
-        "the model all-reduces the MoE output and the communicator reduce-scatters it again (x tp)")
+        "the model all-reduces the MoE output and the communicator reduce-scatters it again (x tp)",
+        kills=("parity",))
 class DoubleReduction(SpecModel):
     def reduce_and_scatter(self, y, step, mode):
         dist.all_reduce(y, group=self.g.tp)     # the model's own all-reduce of the MoE output ...
@@ -165,14 +180,16 @@ class DoubleReduction(SpecModel):
 
 
 @mutant("B15", "replicated-shared-expert-summed", "wrong numbers",
-        "a replicated (unsharded) shared expert summed by the post-MoE all-reduce: routed + tp * shared")
+        "a replicated (unsharded) shared expert summed by the post-MoE all-reduce: routed + tp * shared",
+        kills=("parity",))
 class ReplicatedSharedSummed(SpecModel):
     def shared_expert_shard(self):
         return 1, 0      # every rank computes the whole shared expert; the all-reduce then sums tp copies
 
 
 @mutant("B16", "idle-logits-index", "crash",
-        "an idle rank padded to an EXTEND of length 0: logits index cumsum([0]) - 1 = -1 returns a row")
+        "an idle rank padded to an EXTEND of length 0: logits index cumsum([0]) - 1 = -1 returns a row",
+        kills=("ownership", "no-crash"))
 class IdleLogitsIndex(SpecModel):
     def lm_head(self, h, step):
         if self.lay.dp_lm_head and step.num_tokens == 0:
@@ -181,7 +198,8 @@ class IdleLogitsIndex(SpecModel):
 
 
 @mutant("B18", "embedding-sharded-attn-tp", "hang",
-        "embedding vocab-sharded over the attention-TP group under DP attention, reduced over TP")
+        "embedding vocab-sharded over the attention-TP group under DP attention, reduced over TP",
+        kills=("liveness",))
 class EmbeddingShardedAttnTP(SpecModel):
     def embed(self, ids):
         if self.lay.dp == 1:
@@ -196,26 +214,30 @@ class EmbeddingShardedAttnTP(SpecModel):
 
 
 @mutant("B20", "padding-from-local-count", "hang",
-        "MAX_LEN padding size chosen from this rank's unpadded count: ranks run different shapes")
+        "MAX_LEN padding size chosen from this rank's unpadded count: ranks run different shapes",
+        kills=("liveness", "no-crash"))
 class PaddingFromLocalCount(SpecModel):
     def max_len(self, counts):
         return ceil_align(max(counts[self.dp_rank], 1), self.lay.attn_tp)
 
 
 # ---- mutants of the model semantics ----
-@mutant("M01", "norm-topk-prob-ignored", "wrong numbers", "norm_topk_prob ignored: top-k weights not renormalised")
+@mutant("M01", "norm-topk-prob-ignored", "wrong numbers", "norm_topk_prob ignored: top-k weights not renormalised",
+        kills=("parity",))
 class NormTopkIgnored(SpecModel):
     def topk_weights(self, w):
         return w
 
 
-@mutant("M02", "shared-gate-without-sigmoid", "wrong numbers", "shared-expert gate applied without the sigmoid")
+@mutant("M02", "shared-gate-without-sigmoid", "wrong numbers", "shared-expert gate applied without the sigmoid",
+        kills=("parity",))
 class SharedGateNoSigmoid(SpecModel):
     def shared_gate(self, i, x):
         return linear(x, self.W(f"model.layers.{i}.mlp.shared_expert_gate.weight"))
 
 
-@mutant("M03", "qk-norm-after-rope", "wrong numbers", "Qwen3 qk-norm applied after RoPE instead of before")
+@mutant("M03", "qk-norm-after-rope", "wrong numbers", "Qwen3 qk-norm applied after RoPE instead of before",
+        kills=("parity",))
 class QkNormAfterRope(SpecModel):
     def qk_norm_and_rope(self, i, q, k, pos):
         q, k = self.rope(q, pos), self.rope(k, pos)
@@ -227,7 +249,8 @@ class QkNormAfterRope(SpecModel):
 
 
 @mutant("M04", "strided-expert-ownership", "wrong numbers",
-        "tokens dispatched by a strided expert map while the weights were loaded as contiguous blocks")
+        "tokens dispatched by a strided expert map while the weights were loaded as contiguous blocks",
+        kills=("parity",))
 class StridedExpertOwnership(SpecModel):
     def routed_experts(self, i, x, w, ids, counts):
         per = self.E // self.lay.ep
@@ -239,7 +262,8 @@ class StridedExpertOwnership(SpecModel):
 
 
 @mutant("M05", "kv-heads-not-replicated", "wrong numbers",
-        "fewer KV heads than attention-TP ranks: KV head picked as rank % kv instead of replicated blocks")
+        "fewer KV heads than attention-TP ranks: KV head picked as rank % kv instead of replicated blocks",
+        kills=("parity",))
 class KvNotReplicated(SpecModel):
     def kv_head_range(self):
         if self.kv >= self.lay.attn_tp:
@@ -249,7 +273,8 @@ class KvNotReplicated(SpecModel):
 
 
 @mutant("M06", "residual-on-every-attn-tp-rank", "wrong numbers",
-        "the residual folded in on every attention-TP rank before the partial gather (x attn_tp)")
+        "the residual folded in on every attention-TP rank before the partial gather (x attn_tp)",
+        kills=("parity", "routing"))
 class ResidualEveryRank(SpecModel):
     def folds_residual(self):
         return True
@@ -258,7 +283,8 @@ class ResidualEveryRank(SpecModel):
 @mutant("M07", "max-len-slot-skips-idle-ranks", "wrong numbers, decode only",
         "under MAX_LEN padding a DP rank finds its slot by counting only the DP ranks holding tokens before it: "
         "after an idle rank it reads another rank's rows. MAX_LEN is chosen only when no rank extends, so only "
-        "decode steps with an idle DP rank go wrong: a prefill-only engine never shows it")
+        "decode steps with an idle DP rank go wrong: a prefill-only engine never shows it",
+        kills=("parity", "routing", "greedy"))
 class MaxLenSlotSkipsIdle(SpecModel):
     def slot(self, step, mode):
         if mode == SUM_LEN:
@@ -272,13 +298,39 @@ class MaxLenSlotSkipsIdle(SpecModel):
         "a fix for the idle-rank hang (B02) that re-issues the MoE reduction in MAX_LEN steps with an idle DP "
         "rank, so every rank enters the same collectives, reduces the busy ranks' MoE output twice; MAX_LEN "
         "is chosen only when no rank extends, so only decode steps with an idle DP rank go wrong: a "
-        "prefill-only engine never shows it")
+        "prefill-only engine never shows it",
+        kills=("parity", "routing"))
 class IdleDecodeDoubleReduce(SpecModel):
     def reduce_and_scatter(self, y, step, mode):
         if mode != SUM_LEN and 0 in step.batch.tokens_per_dp():
             dist.all_reduce(y, group=self.g.tp)
         return super().reduce_and_scatter(y, step, mode)
 
+
+@mutant("M09", "dp-offsets-captured-per-batch-size", "wrong numbers when the same work is spread differently",
+        "the DP gather / scatter offsets captured once per total token count and replayed, as metadata captured "
+        "with a CUDA graph per batch-size bucket: a later batch of the same size spread differently over the DP "
+        "ranks reads its rows from the first one's offsets (wrong rows, or a slice past the end: a crash); one "
+        "forward alone is right, so it shows only in a sequence of forwards on one build: the stateful "
+        "property's rebalance step, or the model unit's priming forward and step when their sizes collide",
+        kills=("parity", "ownership", "routing", "dispatch", "no-crash"))
+class OffsetsCapturedPerSize(SpecModel):
+    def dp_offset(self, counts):
+        captured = self._cache.setdefault("captured_offsets", {})
+        return captured.setdefault(sum(counts), super().dp_offset(counts))
+
+
+@mutant("M10", "gathered-buffer-assumed-zero", "wrong numbers when fresh memory is not zero",
+        "the SUM_LEN gather (an all-reduce of a buffer where each DP rank writes its rows) clears the persistent "
+        "buffer only when it reuses it, trusting a freshly allocated one to be zero; whether it fails depends on "
+        "what the allocator returns (on this CPU the pinned examples see garbage), poisoned allocations (the "
+        "stateful property's debug mode) make it fail every time, on any allocator",
+        kills=("parity", "routing", "dispatch"))
+class BufferAssumedZero(SpecModel):
+    def cleared_buffer(self, rows, like):
+        before = self._cache.get("global_buf")
+        buf = self.global_buffer(rows, like)
+        return buf.zero_() if self._cache.get("global_buf") is before else buf   # fresh: "already zero"
 
 NOT_EXPRESSED = {
     "B05": "needs moe_dense_tp_size = 1 (a replicated dense MLP on local tokens); the spec only implements "
@@ -292,6 +344,7 @@ NOT_EXPRESSED = {
 class MutantTarget(SpecTarget):
     def __init__(self, m: Mutant):
         self.mutant, self.model_class, self.name = m, m.model, f"spec~{m.id}"
+        self.expected_kills = m.kills      # read by checks.killtable (outside targets may declare it too)
 
 
 for _id, _m in CATALOG.items():

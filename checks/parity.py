@@ -185,10 +185,11 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
 
 def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: Batch, dtype: str,
                 layer: int = 0, device: str = "cpu", deadline_s: float = 120.0,
-                truth_device: str | None = None) -> ParityResult:
+                truth_device: str | None = None, poison: bool = False, build_id: str = "") -> ParityResult:
     """`device`: where the ranks run ('cpu' | 'cuda' | 'auto'); the oracle's reference in the test dtype
     runs on the same kind of device (same kernels, same rounding), its float64 truth on `truth_device`
-    (default: the same)."""
+    (default: the same). `poison`: fresh allocations of the target hold NaN (checks.poison); `build_id`: run
+    on that build of the target (kept across calls with the same id: a sequence of forwards on one build)."""
     config, _ = load_weights(str(model_dir))
     validate(layout, config)
     res = ParityResult(unit, layout, batch, dtype)
@@ -202,7 +203,7 @@ def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: B
         res.skipped = "every DP rank is idle: the engine runs no forward, there is nothing to compare"
         return res
     world = get_world(layout.tp, device, deadline_s)
-    job = UnitJob(target, unit, str(model_dir), layout, batch, dtype, layer)
+    job = UnitJob(target, unit, str(model_dir), layout, batch, dtype, layer, poison=poison, build_id=build_id)
     try:
         results = world.run(job)
     except WorldFailure as e:
@@ -250,7 +251,12 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
                          ref_variants=[oracle_rows(a, batch, layout, ranks) for a in variants],
                          clusters=token_keys(batch, layout, ranks), unpooled=noisy_ref)
     res.verdict = v
-    res.checks.append(Check("parity", v.ok, "; ".join(v.reasons)))
+    reasons = list(v.reasons)
+    if not v.ok and routing.check is not None and not routing.check.ok:
+        # rows routed away from a tie are judged like any other (never excused): name the likely cause
+        reasons.append("likely cause: the target routed rows to other experts than one device, away from any "
+                       "near-tie (see [routing])")
+    res.checks.append(Check("parity", v.ok, "; ".join(reasons)))
     if unit == "model":
         res.checks.append(greedy_check(sut, truth, ref, excused, dt, labels))
     if unit == "model" and not v.ok:

@@ -24,7 +24,7 @@ class Record:
     seq: int             # per-rank call number within the example
     op: str
     group: tuple[int, ...]
-    group_name: str
+    group_name: str      # every role the group plays in the layout ("tp/moe_ep"): one object can be several
     gseq: int            # call number on this group within the example (matches across members)
     shapes: tuple
     dtype: str
@@ -41,7 +41,7 @@ class Record:
 class Recorder:
     def __init__(self, send):
         self._send = send
-        self.names: dict[int, str] = {}
+        self.names: dict[int, list[str]] = {}     # id(process group) -> its roles in the current layout
         self.reset()
 
     def reset(self):
@@ -49,7 +49,16 @@ class Recorder:
         self._gseq: dict[tuple[int, ...], int] = {}
 
     def name_group(self, pg, name: str):
-        self.names[id(pg)] = name
+        """Add `name` to the roles of `pg`. When two roles of a layout have the same ranks (tp and moe_ep in
+        tp4-dp4-ep4, tp and moe_tp in tp4-dp2-ep1) they are one process group, so a call on it is a call in
+        every one of those roles: the record names them all rather than whichever was named last."""
+        roles = self.names.setdefault(id(pg), [])
+        if name not in roles:
+            roles.append(name)
+
+    def forget_roles(self):
+        """A new layout names its groups afresh (a world's groups are reused across layouts)."""
+        self.names.clear()
 
     def _group_ranks(self, group) -> tuple[int, ...]:
         if group is None or group is dist.group.WORLD:
@@ -66,7 +75,8 @@ class Recorder:
             splits = (kwargs.get("output_split_sizes"), kwargs.get("input_split_sizes"))
             shapes = shapes + (tuple(tuple(s) if s else () for s in splits),)
         ranks = self._group_ranks(group)
-        name = self.names.get(id(group), "world" if group is None else "group")
+        pg = dist.group.WORLD if group is None else group
+        name = "/".join(self.names.get(id(pg), ())) or ("world" if group is None else "group")
         return ranks, name, shapes, dtype
 
     def wrap(self, op, fn):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from checks.batches import DTYPES, Batch, Request, seq_inputs, seq_token_ids
+from checks.poison import poisoned
 from checks.targets.protocol import BuildEnv, Groups, Serving, Step, resolve
 from checks.topology import Layout
 
@@ -34,6 +35,7 @@ def local_slice(batch: Batch, dp_rank: int) -> slice:
 
 def make_groups(ctx, layout: Layout) -> Groups:
     """Create every group of the layout on every rank in one canonical order (torch requires it)."""
+    ctx.recorder.forget_roles()
     mine = {}
     for name, groups in layout.all_groups().items():
         for ranks in groups:
@@ -55,18 +57,25 @@ class UnitJob:
     layer: int = 0
     token_ids: tuple[tuple[int, ...], ...] | None = None   # model unit: real prompts instead of seeded ids
     serving: tuple[Serving, ...] | None = None             # per DP rank: a step of a serving session
+    poison: bool = False         # fresh float allocations hold NaN during build and run (checks.poison)
+    build_id: str = ""           # a fresh build for this id (a stateful run's own), else shared per layout
 
     def __call__(self, ctx) -> dict:
         if ctx.world_size != self.layout.tp:
             raise RuntimeError(f"world of {ctx.world_size} ranks cannot run layout {self.layout}")
         config, weights = load_weights(self.model_dir)
         groups = make_groups(ctx, self.layout)
-        key = ("built", self.target, self.unit, self.model_dir, self.layout, self.dtype, self.layer)
+        key = ("built", self.target, self.unit, self.model_dir, self.layout, self.dtype, self.layer, self.build_id)
+        if self.build_id:   # one stateful run's build at a time: drop the builds of earlier runs
+            for k in [k for k in ctx.cache if k[0] == "built" and k[-1] and k[-1] != self.build_id]:
+                del ctx.cache[k]
         if key not in ctx.cache:
             target = resolve(self.target)
             dev = torch.device(ctx.device if ctx.device == "cpu" else f"cuda:{torch.cuda.current_device()}")
-            env = BuildEnv(config, weights, self.layout, ctx.rank, groups, DTYPES[self.dtype], dev, self.layer)
-            ctx.cache[key] = (target, target.build(self.unit, env))
+            env = BuildEnv(config, weights, self.layout, ctx.rank, groups, DTYPES[self.dtype], dev, self.layer,
+                           self.poison)
+            with poisoned(self.poison):
+                ctx.cache[key] = (target, target.build(self.unit, env))
         target, built = ctx.cache[key]
         dp_rank = self.layout.dp_rank(ctx.rank)
         batch = self.batch
@@ -80,5 +89,6 @@ class UnitJob:
             rows = [x[r.prefix:] for r, x in zip(reqs, inputs)]   # the MLP sees extend rows only
             inputs = [torch.cat(rows) if rows else torch.zeros(0, hidden, dtype=DTYPES[self.dtype])]
         serving = self.serving[dp_rank] if self.serving is not None else None
-        step = Step(batch, ctx.rank, dp_rank, reqs, inputs, self.unit, serving)
-        return target.run(built, step)
+        step = Step(batch, ctx.rank, dp_rank, reqs, inputs, self.unit, serving, self.poison)
+        with poisoned(self.poison):
+            return target.run(built, step)

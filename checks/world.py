@@ -328,6 +328,9 @@ def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
         conn.send_bytes(transport.dumps(msg))
     try:
         os.environ.update(env)
+        if os.environ.get("DPEP_RANK_LOG"):   # audit trail: every rank process that starts says so (tests of
+            with open(os.environ["DPEP_RANK_LOG"], "a") as f:     # bad input check that none started)
+                f.write(f"{os.getpid()} rank {rank} of {size}\n")
         # the world's own temporary folder, removed by the parent when the world closes (even after a kill):
         # where rank-side code keeps files that must not outlive the world
         os.environ["DPEP_WORLD_TMP"] = os.path.dirname(init_file)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import given, note, reject, settings
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from checks.batches import Batch
@@ -27,6 +27,7 @@ from checks.parity import run_example
 from checks.topology import Layout, valid_layouts
 from fixtures.build import fixture_path
 from fixtures.large import DRYRUN_FIXTURES, LARGE_FIXTURES
+from property_tests import search
 from property_tests.strategies import Example
 
 pytestmark = pytest.mark.gpu
@@ -88,11 +89,13 @@ def _check(suite, unit, data):
     ex = data.draw(large_examples(suite.world_sizes, DTYPES), label="example")
     res = run(suite, unit, ex)
     if res.skipped:
-        reject()
+        search.rejected(f"skipped: {res.skipped}")
     note(res.report())
+    search.judged(unit, ex, res)
     assert res.ok, explain(res, unit, ex, suite.target)
 
 
+@search.floor
 @settings(max_examples=EXAMPLES)
 @given(data=st.data())
 def test_large_moe_parity(gpu, data):
@@ -100,6 +103,7 @@ def test_large_moe_parity(gpu, data):
     _check(gpu, "moe", data)
 
 
+@search.floor
 @settings(max_examples=EXAMPLES)
 @given(data=st.data())
 def test_large_decoder_parity(gpu, data):

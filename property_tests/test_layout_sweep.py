@@ -1,9 +1,10 @@
 """Every valid layout of 1, 2 and 4 ranks of every fixture, every unit (MoE block, attention, decoder layer,
-model logits; the model with dp-lm-head too where it is valid), in fp32 and bf16, on two steps:
+model logits; the model with dp-lm-head too where it is valid), in the run's --dtypes, on two steps:
 - an extend step: DP rank 0 extends two requests (one after a cached prefix), DP rank 1 idles, the rest
   decode (SUM_LEN padding: some rank extends);
-- a decode-only step with uneven counts: DP rank 0 decodes three requests, rank 1 one, rank 2 idles, rank 3
-  two (MAX_LEN padding whenever dp > 1: rank 1 and the idle rank are padded to three rows).
+- a decode-only step with uneven counts and an idle DP rank: DP rank 0 decodes three requests and rank 1
+  idles (dp 2), or ranks decode 3, 1, 0 and 2 requests (dp 4): MAX_LEN padding whenever dp > 1, the idle
+  rank padded to three rows (the decode-only faults M07 and M08 live there).
 A deterministic complement to the hypothesis search, which samples layouts and batches."""
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from checks.batches import MAX_LEN, SUM_LEN, Batch, padding_mode
 from checks.batches import Request as R
 from checks.parity import run_example
 from checks.targets.protocol import UNITS, known_failure, resolve
+from checks.topology import Layout
 from fixtures.build import fixture_path
 from fixtures.specs import FIXTURES
 from property_tests.strategies import Example, layouts_for
@@ -28,13 +30,23 @@ def extend_step(dp: int) -> Batch:
 
 
 def decode_step(dp: int) -> Batch:
-    counts = [3, 1, 0, 2][:dp]
+    counts = [3, 0] if dp == 2 else [3, 1, 0, 2][:dp]
     return Batch(tuple(tuple(R(2 + i, 1) for i in range(c)) for c in counts), seed=21 + dp)
 
 
-def test_sweep_reaches_both_padding_modes():
+def unit_layouts(layout, unit: str) -> list:
+    """The layouts a unit is swept on: the model also with its lm_head over the attention-TP group."""
+    return [layout, replace(layout, dp_lm_head=True)] if unit == "model" and layout.dp > 1 else [layout]
+
+
+def test_sweep_reaches_both_padding_modes_an_idle_rank_and_dp_lm_head():
     assert padding_mode(extend_step(2)) == padding_mode(extend_step(4)) == SUM_LEN
     assert padding_mode(decode_step(2)) == padding_mode(decode_step(4)) == MAX_LEN
+    for dp in (2, 4):
+        for b in (extend_step(dp), decode_step(dp)):
+            assert 0 in b.tokens_per_dp() and not b.nobody_runs        # an idle DP rank in both steps
+    assert {lay.dp for _, lay in CASES} == {1, 2, 4}
+    assert [lay.dp_lm_head for lay in unit_layouts(Layout(2, 2, 1), "model")] == [False, True]
 
 
 @pytest.mark.parametrize("fixture,layout", CASES, ids=[f"{f}-{l}" for f, l in CASES])
@@ -46,10 +58,9 @@ def test_every_layout(suite, fixture, layout):
     for unit in UNITS:
         if unit not in target.units:
             continue
-        layouts = [layout, replace(layout, dp_lm_head=True)] if unit == "model" and layout.dp > 1 else [layout]
-        for lay in layouts:
+        for lay in unit_layouts(layout, unit):
             for batch in (extend_step(layout.dp), decode_step(layout.dp)):
-                for dtype in ("float32", "bfloat16"):
+                for dtype in suite.dtypes:
                     ex = Example(fixture, lay, batch, dtype, layer=1 if unit != "model" else 0)
                     res = run_example(suite.target, unit, str(fixture_path(fixture)), lay, batch, dtype,
                                       ex.layer, suite.device, suite.deadline)

@@ -8,8 +8,10 @@ the catalog in shared BUGS.md (ids in comments), run as plain parametrized tests
 """
 from __future__ import annotations
 
+import uuid
+
 import pytest
-from hypothesis import given, note, reject
+from hypothesis import given, note
 from hypothesis import strategies as st
 
 from checks.batches import Batch
@@ -18,19 +20,23 @@ from checks.parity import run_example
 from checks.targets.protocol import known_failure, resolve, skip_reason
 from checks.topology import Layout
 from fixtures.build import fixture_path
+from property_tests import search
 from property_tests.strategies import Example, examples
 
 E = Example
 
 
 def evaluate(suite, unit: str, ex: Example):
-    """Run one example; None when the target skips it."""
+    """Run one example on a build of its own (`res.skipped` says why when the target skips it).
+
+    Hermetic: a build shared with earlier examples would carry their state (a leak between forwards), and the
+    example's verdict would depend on what ran before it: hypothesis reports that as a flaky, irreproducible
+    failure. Sequences of forwards on one build are test_stateful.py's job, where they are reproducible."""
     target = resolve(suite.target)
     if unit not in target.units:
         pytest.skip(skip_reason(target, unit, None, None))
-    res = run_example(suite.target, unit, str(fixture_path(ex.fixture)), ex.layout, ex.batch, ex.dtype,
-                      ex.layer, suite.device, suite.deadline)
-    return None if res.skipped else res
+    return run_example(suite.target, unit, str(fixture_path(ex.fixture)), ex.layout, ex.batch, ex.dtype,
+                       ex.layer, suite.device, suite.deadline, build_id=uuid.uuid4().hex)
 
 
 def expected(suite, res, ex: Example) -> str | None:
@@ -44,11 +50,13 @@ def failure(res, unit, ex, suite) -> str:
 
 def check(suite, unit: str, ex: Example):
     res = evaluate(suite, unit, ex)
-    if res is None:
-        reject()
+    if res.skipped:
+        search.rejected(f"skipped: {res.skipped}")
     note(res.report())
-    if expected(suite, res, ex):
-        reject()    # a known, written-up bug: the pinned and sweep tests report it as xfail; search on
+    why = expected(suite, res, ex)
+    if why:     # a known, written-up bug: the pinned and sweep tests report it as xfail; search on
+        search.rejected(f"known failure: {why}")
+    search.judged(unit, ex, res)
     assert res.ok, failure(res, unit, ex, suite)
 
 
@@ -69,7 +77,7 @@ def _given(unit):
             fn(suite, ex)
         wrapper.__name__ = fn.__name__
         wrapper.__doc__ = fn.__doc__
-        return wrapper
+        return search.floor(wrapper)
     return deco
 
 
@@ -120,8 +128,8 @@ def _run_pinned(suite, unit, ex):
     if ex.fixture not in suite.fixtures or ex.layout.tp not in suite.world_sizes or ex.dtype not in suite.dtypes:
         pytest.skip("pinned example outside this run's --models / --world-sizes / --dtypes")
     res = evaluate(suite, unit, ex)
-    if res is None:
-        pytest.skip("the target skips this example")
+    if res.skipped:
+        pytest.skip(f"the target skips this example: {res.skipped}")
     why = expected(suite, res, ex)
     if why:
         pytest.xfail(f"{why}\n{failure(res, unit, ex, suite)}")

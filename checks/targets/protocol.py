@@ -22,6 +22,11 @@ differs from one device's, and a different choice away from a tie fails). See do
 Optional: `sessions = True`: the target keeps KV caches across the steps of a serving session (`Step.serving`,
 see `Serving`); without it the serving engine still works, the target recomputing prefixes every step.
 
+Debug mode: under `Step.poison` / `BuildEnv.poison` (the stateful property) the suite makes torch.empty and
+its kin return NaN-filled float tensors in the rank processes (checks.poison): a target that reads memory it
+never wrote fails. A target that allocates outside torch's Python entry points should fill fresh buffers
+with NaN itself when the flag is set.
+
 Optional: `known_failure(result, fixture, layer) -> str | None`: a diagnosed bug of the target (written up
 in docs/findings.md) that explains every failed check of this result; the suite reports it as an
 expected failure with that text instead of a new failure.
@@ -61,6 +66,7 @@ class BuildEnv:
     dtype: torch.dtype
     device: torch.device
     layer: int                          # the layer a single-layer unit is taken from
+    poison: bool = False                # debug mode: fresh memory must read as garbage (see Step.poison)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,9 @@ class Step:
                                         # (unit moe: one tensor [extend rows, hidden])
     unit: str = "model"
     serving: Serving | None = None      # set by the serving engine: see Serving
+    poison: bool = False                # debug mode (the stateful property): torch.empty & co. return NaN-filled
+                                        # float tensors (checks.poison); a target allocating elsewhere (C++,
+                                        # its own pools) should fill fresh buffers with NaN itself when set
 
     @property
     def num_tokens(self) -> int:

@@ -215,8 +215,7 @@ class SpecModel:
         attention-TP rank holds a partial sum (dp_gather_partial); else only rank 0 writes (replicate)."""
         counts = step.batch.tokens_per_dp()
         if mode == SUM_LEN:
-            buf = self.global_buffer(sum(counts), local)
-            buf.zero_()
+            buf = self.cleared_buffer(sum(counts), local)
             if local.shape[0] and (partial or self.attn_tp_rank == 0):
                 off = self.dp_offset(counts)
                 buf[off: off + local.shape[0]] = local
@@ -247,6 +246,10 @@ class SpecModel:
             buf = torch.empty(max(rows, 1), self.H, dtype=like.dtype, device=like.device)
             self._cache["global_buf"] = buf
         return buf[:rows]
+
+    def cleared_buffer(self, rows: int, like: torch.Tensor) -> torch.Tensor:
+        """The global buffer zeroed for a gather-by-all-reduce: every rank adds only its own rows (M10)."""
+        return self.global_buffer(rows, like).zero_()
 
     def slot(self, step: Step, mode: str) -> tuple[int, int]:
         counts = step.batch.tokens_per_dp()

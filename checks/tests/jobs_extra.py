@@ -15,3 +15,19 @@ class PidAndSum:
         t = torch.tensor([float(ctx.rank)])
         dist.all_reduce(t)
         return os.getpid(), ctx.rank, float(t)
+
+
+@dataclass(frozen=True)
+class ReduceOnRole:
+    """Build the groups of `layout` (checks.unitjob.make_groups) and all-reduce once on the group of `role`;
+    rank `idle` skips it (a hang whose diagnosis must name the group's every role)."""
+    layout: object
+    role: str
+    idle: int = -1
+
+    def __call__(self, ctx):
+        from checks.unitjob import make_groups
+        groups = make_groups(ctx, self.layout)
+        if ctx.rank != self.idle:
+            dist.all_reduce(torch.ones(2), group=getattr(groups, self.role))
+        return 0

@@ -75,3 +75,18 @@ def test_routing_flip_away_from_a_tie_is_judged_not_excused():
     away = analyse([[0, 2], [0, 1]])
     assert not away.check.ok and "not near a tie" in away.check.message
     assert not away.excused.any()          # row 0 stays judged: its parity failure shows the damage
+
+
+def test_a_parity_failure_with_routing_away_from_ties_names_routing_as_the_likely_cause():
+    """B03 (heads duplicated) routes decided rows elsewhere: the rows stay judged (no '|sut|/|truth| = nan' pass
+    on excused rows), parity fails, and its message points at the routing difference."""
+    from checks.batches import Batch, Request
+    from checks.parity import run_example
+    from fixtures.build import fixture_path
+    batch = Batch(((Request(4, 1), Request(2, 1), Request(5, 1)), (Request(3, 1),)), 5)
+    res = run_example("checks.mutants:B03", "moe", str(fixture_path("qwen3-moe")), Layout(4, 2, 2), batch,
+                      "float32", 1)
+    failed = {c.prop: c.message for c in res.failures()}
+    assert {"routing", "parity"} <= set(failed), res.report()
+    assert "likely cause: the target routed rows to other experts" in failed["parity"]
+    assert res.verdict.ratio == res.verdict.ratio                  # judged on real rows, not all excused (nan)

@@ -121,3 +121,21 @@ def test_deadline_kills_a_stuck_example(world):
     assert "3s deadline" in str(e.value) and "rank 1: computing" in str(e.value)
     assert 3 <= took < 10, took
     assert not any(running(p) for p in pids)
+
+
+def test_a_group_playing_several_roles_is_named_by_all_of_them():
+    """Negative control: in tp4-dp4-ep4 the TP group and the MoE-EP group are one process group; a TP
+    reduction used to be recorded (and a hang diagnosed) as 'all_reduce on moe_ep[0, 1, 2, 3]'. A role is
+    named afresh per layout: tp4-dp2-ep1 reuses the same world group as tp and moe_tp."""
+    from checks.tests.jobs_extra import ReduceOnRole
+    from checks.topology import Layout
+    with World(4, deadline_s=60) as w:
+        res = w.run(ReduceOnRole(Layout(4, 4, 4), "tp"))
+        assert {r.records[-1].group_name for r in res} == {"tp/moe_ep"}
+        res = w.run(ReduceOnRole(Layout(4, 2, 1), "tp"))
+        assert {r.records[-1].group_name for r in res} == {"tp/moe_tp"}
+        res = w.run(ReduceOnRole(Layout(4, 2, 1), "attn_tp"))
+        assert {r.records[-1].group_name for r in res} == {"attn_tp"}     # one role, none left from earlier layouts
+        with pytest.raises(WorldFailure) as e:
+            w.run(ReduceOnRole(Layout(4, 4, 4), "tp", idle=3))
+        assert "all_reduce on tp/moe_ep[0, 1, 2, 3]" in str(e.value), str(e.value)

@@ -1,0 +1,79 @@
+"""The kill table counts only kills: a failed property of the suite. Errors, timeouts and kills by a property
+the mutant does not declare have their own verdicts; outside targets are accepted."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from checks.killtable import ROOT, classify, junit_failures, properties_in
+from checks.mutants import CATALOG
+
+PARITY_FAIL = ("AssertionError: moe tp4-dp2-ep2 float32 batch[dp0:0+3 seed=7]\n"
+               "E   [parity] 8 of 8 rows beyond the bound\nE   [routing] rank 2: layer 1 routed to experts [1, 3]")
+
+
+def run(rc, cases=(), output=""):
+    return {"rc": rc, "seconds": 1.0, "cases": list(cases), "output": output}
+
+
+@pytest.mark.parametrize("rc,cases,expected,verdict", [
+    (1, [{"test": "t", "kind": "failure", "message": PARITY_FAIL}], ("parity",), "killed"),
+    (1, [{"test": "t", "kind": "failure", "message": PARITY_FAIL}], (), "killed"),
+    (1, [{"test": "t", "kind": "failure", "message": PARITY_FAIL}], ("liveness",), "killed-elsewhere"),
+    (0, [], ("parity",), "SURVIVED"),
+    (None, [], ("parity",), "TIMEOUT"),
+    (4, [], ("parity",), "ERROR"),                # --target that does not import: a usage error
+    (2, [], ("parity",), "ERROR"),                # collection error
+    (1, [{"test": "t", "kind": "error", "message": "fixture 'suite' raised ImportError"}], (), "ERROR"),
+    (1, [{"test": "t", "kind": "failure", "message": "TypeError: run() missing 1 argument"}], (), "ERROR"),
+], ids=["expected-property", "no-declaration", "other-property", "survived", "timeout", "usage-error",
+        "collection-error", "setup-error", "crash-without-property"])
+def test_only_a_failed_property_is_a_kill(rc, cases, expected, verdict):
+    """Negative control: the old table counted every non-zero exit but 5 as 'killed' (a usage error, an
+    import error of the target, a timeout)."""
+    v = classify(run(rc, cases), expected)
+    assert v["verdict"] == verdict, v
+    if verdict.startswith("killed"):
+        assert v["properties"] == ["parity", "routing"]
+
+
+def test_properties_are_read_from_the_failure_message_only_when_known():
+    assert properties_in("E   [liveness] HANG: rank 1 skipped\n[gate] not ours\n  [no-crash] x") == [
+        "liveness", "no-crash"]
+
+
+def test_junit_failures_tell_failures_from_errors(tmp_path):
+    f = tmp_path / "j.xml"
+    f.write_text('<testsuites><testsuite><testcase classname="property_tests.test_parity" name="a"/>'
+                 '<testcase classname="property_tests.test_parity" name="b"><error message="boom">tb</error>'
+                 '</testcase><testcase classname="property_tests.test_parity" name="c">'
+                 '<failure message="[parity] x">tb</failure></testcase></testsuite></testsuites>')
+    assert [(c["test"], c["kind"]) for c in junit_failures(str(f))] == [
+        ("test_parity::b", "error"), ("test_parity::c", "failure")]
+
+
+def test_every_catalog_mutant_declares_known_properties():
+    from checks.killtable import PROPERTIES
+    for m in CATALOG.values():
+        assert m.kills and set(m.kills) <= set(PROPERTIES), m.id
+
+
+def test_outside_targets_end_to_end(tmp_path):
+    """A mutant named as an outside target is killed by its declared property, a target that does not import
+    is an ERROR (not a kill), and --check fails because of it; the spec control passes."""
+    out = tmp_path / "kt"
+    p = subprocess.run([sys.executable, "-m", "checks.killtable", "--target", "checks.mutants:B14",
+                        "--target", "no_such_pkg.mod:X", "--out", str(out), "--check", "--",
+                        "-k", "test_moe_pinned", "--world-sizes", "4", "--dtypes", "float32"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    t = json.loads((out / "kill-table.json").read_text())
+    by = {m["id"]: m for m in t["mutants"]}
+    assert t["control_passed"], t
+    assert by["checks.mutants:B14"]["verdict"] == "killed" and "parity" in by["checks.mutants:B14"]["properties"]
+    assert by["checks.mutants:B14"]["expected"] == list(CATALOG["B14"].kills)
+    assert by["no_such_pkg.mod:X"]["verdict"] == "ERROR" and "usage error" in by["no_such_pkg.mod:X"]["message"]
+    assert set(by) == {"checks.mutants:B14", "no_such_pkg.mod:X"}     # --target replaces the catalog
