@@ -22,10 +22,10 @@ Every broken rule is reported at once, each message naming the rule (see ``RULES
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import tomllib
 import yaml
 
 from checks.serving.scheduler import POLICIES
