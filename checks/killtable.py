@@ -109,8 +109,8 @@ def classify(run: dict, expected: tuple[str, ...] = ()) -> dict:
 
 
 def _excerpt(text: str, lines: int = 4) -> str:
-    keep = [l.strip().removeprefix("E").strip() for l in text.splitlines()
-            if l.strip().removeprefix("E").strip().startswith(("[", "HANG", "MISMATCH", "DEADLOCK", "-"))
+    bare = (l.strip().removeprefix("E").strip() for l in text.splitlines())   # without pytest's "E   "
+    keep = [l for l in bare if l.startswith(("[", "HANG", "MISMATCH", "DEADLOCK", "-"))
             or "FAIL" in l or "rows beyond" in l or "bias" in l]
     return "\n".join(keep[:lines]) or "\n".join(text.strip().splitlines()[-lines:])
 
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     for t in a.target:
         rows[t] = {"id": t, "name": t, "kind": "outside target", "mechanism": "", "expected": list(expectation(t))}
     print(f"kill table: {len(rows)} target(s) + control {a.control}, {a.jobs} at a time", flush=True)
-    runs = {}
+    runs, verdicts = {}, {}
     with ThreadPoolExecutor(a.jobs) as pool:
         futs = {pool.submit(run_suite, t, a.pytest_args, a.timeout): t for t in [a.control, *rows]}
         for f in futs:
@@ -160,10 +160,10 @@ def main(argv=None) -> int:
             if t == a.control:
                 print(f"  control {t}: {'PASS' if r['rc'] == 0 else 'FAIL'} {r['seconds']:6.1f}s", flush=True)
             else:
-                v = classify(r, tuple(rows[t]["expected"]))
+                v = verdicts[t] = classify(r, tuple(rows[t]["expected"]))
                 print(f"  {rows[t]['id']:5s} {v['verdict']:16s} {r['seconds']:6.1f}s  "
                       f"{','.join(v['properties']) or '-':16s} {v['test'] or ''}", flush=True)
-    table = build_table(rows, runs, a.control)
+    table = build_table(rows, verdicts, runs[a.control], a.control)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kill-table.json").write_text(json.dumps(table, indent=2))
@@ -173,9 +173,9 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def build_table(rows: dict, runs: dict, control: str) -> dict:
-    muts = [{**meta, **classify(runs[t], tuple(meta["expected"]))} for t, meta in rows.items()]
-    c = runs[control]
+def build_table(rows: dict, verdicts: dict, c: dict, control: str) -> dict:
+    """`verdicts`: classify()'s answer per target; `c`: the control's run."""
+    muts = [{**meta, **verdicts[t]} for t, meta in rows.items()]
     count = {v: sum(m["verdict"] == v for m in muts) for v in ("killed", "killed-elsewhere", "SURVIVED", "ERROR",
                                                                "TIMEOUT")}
     control_state = "passes" if c["rc"] == 0 else ("FAILS" if c["rc"] == 1 else

@@ -23,7 +23,7 @@ class Mutant:
     kind: str          # what a user sees: wrong numbers, hang, crash
     mechanism: str
     model: type
-    kills: tuple[str, ...] = ()   # the properties (checks.parity.Check.prop) that should catch it: the kill
+    kills: tuple[str, ...]        # the properties (checks.parity.Check.prop) that should catch it: the kill
                                   # table flags a kill by any other as unexplained
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
-from hypothesis import event, reject, target
+from hypothesis import event, note, reject, target
+
+from checks.batches import padding_mode
 
 REAL = "judged"
 _tally: Counter = Counter()
@@ -30,11 +32,21 @@ def rejected(why: str):
     reject()
 
 
+def accept(unit: str, ex, res, known: str | None = None, steer: bool = True) -> float | None:
+    """One example's result in the search: rejected when the target skipped it or when `known` (a written-up
+    known failure explaining it) is set, else noted and judged (see `judged`)."""
+    if res.skipped:
+        rejected(f"skipped: {res.skipped}")
+    note(res.report())
+    if known:   # the pinned and sweep tests report it as xfail; the search goes on
+        rejected(f"known failure: {known}")
+    return judged(unit, ex, res, steer)
+
+
 def judged(unit: str, ex, res, steer: bool = True) -> float | None:
     """Count a real example, label what it covered, and steer the search by its error-to-bound ratio
     (hypothesis allows one target() per label and test case: a caller judging several forwards in one case
     passes steer=False and steers once with the largest returned ratio)."""
-    from checks.batches import padding_mode
     _tally[REAL] += 1
     b = ex.batch
     idle = sum(1 for c in b.tokens_per_dp() if c == 0)

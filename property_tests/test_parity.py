@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from hypothesis import given, note
+from hypothesis import given
 from hypothesis import strategies as st
 
 from checks.batches import Batch
@@ -50,13 +50,7 @@ def failure(res, unit, ex, suite) -> str:
 
 def check(suite, unit: str, ex: Example):
     res = evaluate(suite, unit, ex)
-    if res.skipped:
-        search.rejected(f"skipped: {res.skipped}")
-    note(res.report())
-    why = expected(suite, res, ex)
-    if why:     # a known, written-up bug: the pinned and sweep tests report it as xfail; search on
-        search.rejected(f"known failure: {why}")
-    search.judged(unit, ex, res)
+    search.accept(unit, ex, res, expected(suite, res, ex))
     assert res.ok, failure(res, unit, ex, suite)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 
-from hypothesis import note, settings, target
+from hypothesis import settings, target
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -80,14 +80,10 @@ class ForwardSequence(RuleBasedStateMachine):
         res = run_example(s.target, self.unit, str(fixture_path(self.fixture)), self.layout, batch, self.dtype,
                           self.layer, s.device, s.deadline, poison=True, build_id=self.build_id)
         self.forwards += 1
-        if res.skipped:
-            search.rejected(f"skipped: {res.skipped}")
-        note(res.report())
-        why = known_failure(resolve(s.target), res, self.fixture, self.layer)
-        if why:
-            search.rejected(f"known failure: {why}")
-        r = search.judged(self.unit, ex, res, steer=False)
-        self.worst = r if self.worst is None or (r is not None and r > self.worst) else self.worst
+        r = search.accept(self.unit, ex, res, known_failure(resolve(s.target), res, self.fixture, self.layer),
+                          steer=False)
+        if r is not None:
+            self.worst = max(r, self.worst or r)
         assert res.ok, (f"forward {self.forwards} of one build (poisoned allocations) failed:\n{res.report()}\n"
                         f"the steps hypothesis prints reproduce it; if the last forward fails alone too: "
                         f"{ex.replay(self.unit, s.target)}")

@@ -5,7 +5,6 @@ ranks and they are logged, so an empty log means something."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 FIXTURE_MATRIX = ('[defaults]\nmodel = "fixture:qwen2-moe-shared"\nengine = "inproc"\ntarget = "spec"\n'
                   '[[config]]\nname = "base"\nbaseline = true\n')
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def signoff(matrix: str, data: str | None = None) -> list[str]:
@@ -60,7 +51,8 @@ CASES = {
 
 def run(argv: list[str], env: dict, tmp: Path) -> tuple[int, str, list[str]]:
     from evals.data import default_data_dir
-    port, log = closed_port(), tmp / "ranks.log"
+    from evals.engines.sglang_server import free_port  # a port nothing listens on once it returns
+    port, log = free_port(), tmp / "ranks.log"
     fill = {"tmp": str(tmp), "data": str(default_data_dir()), "port": str(port)}
     matrix = [a for a in argv if a.startswith("#matrix:")]
     if matrix:

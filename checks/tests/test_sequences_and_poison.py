@@ -8,6 +8,7 @@ import torch
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from checks import profiles
 from checks.batches import Batch
 from checks.batches import Request as R
 from checks.parity import run_example
@@ -38,7 +39,7 @@ def sequences(target: str, runs: int) -> None:
     MoeSequences.suite = SuiteOptions(target, (2,), ("float32",), ("qwen2-moe-shared",), "cpu", 60.0)
     run_state_machine_as_test(MoeSequences, settings=settings(
         max_examples=runs, stateful_step_count=4, derandomize=True, database=None, deadline=None,
-        phases=NO_SHRINK, suppress_health_check=list(__import__("checks.profiles").profiles.SUPPRESSED)))
+        phases=NO_SHRINK, suppress_health_check=list(profiles.SUPPRESSED)))
 
 
 def test_sequences_pass_on_the_spec():

@@ -202,12 +202,8 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path, tiny_model, data_dir,
 def test_a_dead_openai_server_is_bad_input_before_the_baseline_runs(tmp_path, tiny_model, data_dir, capsys):
     """An OpenAI-compatible engine on a closed port used to run the baseline first, then exit 3 ("rerun to
     resume"). Positive control: test_server_engines' sign-off against a live server."""
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()                                   # nothing listens there now
+    from evals.engines.sglang_server import free_port
+    port = free_port()                          # nothing listens there once it returns
     m = tmp_path / "m.toml"
     m.write_text(f'[defaults]\nmodel = "{tiny_model}"\n[[config]]\nname = "base"\nbaseline = true\n'
                  f'engine = "inproc"\ntarget = "hf"\n[[config]]\nname = "served"\nengine = "openai"\n'
