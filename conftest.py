@@ -1,104 +1,11 @@
-"""Suite-wide options and hypothesis profiles.
+"""A plain checkout's way to the suite's pytest plugin (checks/pytest_plugin.py: options, hypothesis profiles,
+usage errors, the `gpu` marker, the report header, reports/property-suite.json).
 
-Options: --target (spec, or package.module:object), --world-sizes, --dtypes, --models, --device,
---deadline. Hypothesis profiles (ci, the default; dev, fuzz, release, gpu) are in checks/profiles.py;
-choose with --hypothesis-profile or DPEP_PROFILE, and DPEP_MAX_EXAMPLES always sets the count. The `gpu`
-marker tags the production-size tier (property_tests/test_gpu.py), which skips without CUDA.
+Installed with pip, pytest loads the plugin through its `pytest11` entry point (`dpep`) before any conftest,
+and a second registration of the same module would be refused; so it is loaded from here only when nothing
+has imported it yet: a checkout that was not installed, PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, or `-p no:dpep`.
 """
-from __future__ import annotations
+import sys
 
-import os
-
-import pytest
-from hypothesis import settings
-
-from checks import profiles
-
-profiles.load_default()
-
-
-def pytest_addoption(parser):
-    g = parser.getgroup("dpep", "DP-attention / TP / EP parity suite")
-    g.addoption("--target", default=os.environ.get("DPEP_TARGET", "spec"),
-                help="system under test: 'spec' or package.module:object (docs/targets.md)")
-    g.addoption("--world-sizes", default=os.environ.get("DPEP_WORLD_SIZES", "1,2,4"),
-                help="comma-separated world sizes (ranks) to draw layouts from, e.g. 1,2,4,8")
-    g.addoption("--dtypes", default=os.environ.get("DPEP_DTYPES", "float32,bfloat16"))
-    g.addoption("--models", default=os.environ.get("DPEP_MODELS", ""),
-                help="fixture models to draw from (default: all; see python -m fixtures list)")
-    g.addoption("--device", default=os.environ.get("DPEP_DEVICE", "cpu"), choices=("cpu", "cuda", "auto"))
-    g.addoption("--deadline", type=float, default=float(os.environ.get("DPEP_DEADLINE", "60")),
-                help="seconds an example may take before its world is diagnosed and killed")
-
-
-@pytest.hookimpl(trylast=True)   # after hypothesis's plugin has loaded --hypothesis-profile
-def pytest_configure(config):
-    from checks.suite_options import problems
-    bad = problems(config.getoption("--target"), config.getoption("--world-sizes"), config.getoption("--dtypes"),
-                   config.getoption("--models"), config.getoption("--deadline")) + profiles.problems()
-    if config.getoption("--device") == "cuda" and not hasattr(config, "workerinput"):
-        from checks.gpus import visible_gpus
-        if not visible_gpus():   # read with nvidia-smi: nothing initializes CUDA in the controller
-            bad.append("--device cuda: no GPU is visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES is "
-                       "empty); use --device cpu, or auto to take GPUs when there are some")
-    if bad:   # a usage error (exit 4) before anything is collected, every broken option at once
-        raise pytest.UsageError("dpep options:\n  " + "\n  ".join(bad))
-    profiles.apply_max_examples()
-    config.addinivalue_line("markers", "gpu: production-size tier, needs CUDA (--device cuda|auto); "
-                                       "skipped on CPU runs")
-    device = config.getoption("--device")
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if device in ("cuda", "auto") and worker:
-        from checks.gpus import assign_worker_gpus
-        assign_worker_gpus(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-
-
-def pytest_report_header(config):
-    sizes = [int(w) for w in config.getoption("--world-sizes").split(",") if w]
-    return [f"dpep: target={config.getoption('--target')} device={config.getoption('--device')} "
-            f"world sizes={config.getoption('--world-sizes')} dtypes={config.getoption('--dtypes')} "
-            f"hypothesis profile={settings.get_current_profile_name()} "
-            f"(max_examples={settings.default.max_examples})",
-            device_header(config.getoption("--device"), sizes, config)]
-
-
-def device_header(device: str, sizes: list[int], config) -> str:
-    """Which GPUs each test process gets and which backend each world size uses (checks.world), read
-    with nvidia-smi: nothing initializes CUDA in the controller."""
-    from checks.world import describe_backends
-    if device == "cpu":
-        return "dpep worlds: " + describe_backends(sizes, 0)
-    from checks.gpus import visible_gpus, worker_slice
-    gpus = visible_gpus()
-    if not gpus:
-        return "dpep worlds: --device auto, no GPU visible: " + describe_backends(sizes, 0)
-    n = getattr(config.option, "numprocesses", None)
-    workers = n if isinstance(n, int) and n > 0 else 1
-    mine = worker_slice(gpus, 0, workers)
-    share = f", one GPU shared by ~{-(-workers // len(gpus))} workers" if workers > len(gpus) else ""
-    return (f"dpep GPUs: {len(gpus)} visible [{','.join(gpus)}], {workers} test process(es), "
-            f"{len(mine)} GPU(s) each (CUDA_VISIBLE_DEVICES per xdist worker{share}); worlds: "
-            + describe_backends(sizes, len(mine)))
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Leave reports/property-suite.json for the sign-off report to embed (property tests only)."""
-    if hasattr(config, "workerinput"):
-        return
-    stats = terminalreporter.stats
-    props = {k: [r for r in stats.get(k, []) if "property_tests" in getattr(r, "nodeid", "")]
-             for k in ("passed", "failed", "skipped", "error")}
-    if not any(props.values()):
-        return
-    import json
-    import pathlib
-    import time
-    counts = {k: len(v) for k, v in props.items()}
-    out = pathlib.Path(config.rootpath) / "reports"
-    out.mkdir(exist_ok=True)
-    (out / "property-suite.json").write_text(json.dumps({
-        "summary": f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
-                   f"(target {config.getoption('--target')}, profile {settings.get_current_profile_name()}, "
-                   f"world sizes {config.getoption('--world-sizes')})",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts,
-        "failed_tests": [r.nodeid for r in props["failed"]]}, indent=2))
+if "checks.pytest_plugin" not in sys.modules:
+    pytest_plugins = ["checks.pytest_plugin"]

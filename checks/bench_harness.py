@@ -1,8 +1,15 @@
 """Harness throughput: world start time and MoE-block examples per second, reused world vs a fresh world
-per example.   python -m checks.bench_harness [--sizes 2,4] [--examples 40]"""
+per example.
+
+    python -m checks.bench_harness [--sizes 2,4] [--examples 40] [--fixture qwen2-moe-shared]
+
+The spec target's MoE block of the fixture at layout tp = dp = ep = N, float32, batches with idle ranks;
+rank-side time only (the oracle does not run). A markdown table on stdout (docs/harness.md).
+"""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from checks.batches import Batch, Request
@@ -11,11 +18,12 @@ from checks.unitjob import UnitJob
 from checks.world import World
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="2,4")
-    ap.add_argument("--examples", type=int, default=40)
-    ap.add_argument("--fixture", default="qwen2-moe-shared")
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m checks.bench_harness", description=__doc__.split("\n\n")[0],
+                                 epilog="Writes a markdown table to stdout (docs/harness.md).")
+    ap.add_argument("--sizes", default="2,4", help="comma-separated world sizes (ranks), e.g. 2,4")
+    ap.add_argument("--examples", type=int, default=40, help="examples per world size (reused world)")
+    ap.add_argument("--fixture", default="qwen2-moe-shared", help="fixture model (dpep fixtures list)")
     a = ap.parse_args(argv)
     from fixtures.build import fixture_path
     path = str(fixture_path(a.fixture))
@@ -43,7 +51,8 @@ def main(argv=None):
                 f.run(j)
         fresh = fresh_n / (time.perf_counter() - t0)
         print(f"| {n} | {start:.2f} | {reused:.1f} | {fresh:.2f} |", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

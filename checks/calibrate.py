@@ -104,12 +104,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--size", type=int, nargs=3, default=list(SIZE), metavar=("M", "K", "N"))
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPE_NAMES), choices=list(DTYPE_NAMES))
+    ap.add_argument("--json", default=None, metavar="FILE", help="also write the verdict and the table's rows")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = table(tuple(args.dtypes), seeds=tuple(range(args.seeds)), size=tuple(args.size))
     good = all(r["split_ok"] and not r["biased_ok"] and not r["doubled_ok"] for r in rows)
     print(f"{'model holds' if good else 'MODEL BROKEN'}: split-K passes on every row, biased and doubled "
           f"fail ({time.perf_counter() - t0:.1f}s)")
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump({"model_holds": good, "size": list(args.size), "seeds": args.seeds, "rows": rows}, f, indent=2)
     return 0 if good else 1
 
 

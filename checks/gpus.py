@@ -1,5 +1,5 @@
 """GPU assignment for pytest-xdist workers: each worker gets a disjoint slice of the GPUs, set in
-CUDA_VISIBLE_DEVICES before anything initializes CUDA (the conftest calls this at configure time)."""
+CUDA_VISIBLE_DEVICES before anything initializes CUDA (the pytest plugin calls this at configure time)."""
 from __future__ import annotations
 
 import os

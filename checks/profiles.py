@@ -47,7 +47,7 @@ for _name, _kw in PROFILES.items():
 
 
 def problems() -> list[str]:
-    """Broken profile environment variables (the root conftest reports them as a usage error)."""
+    """Broken profile environment variables (the pytest plugin reports them as a usage error)."""
     out = []
     name = os.environ.get("DPEP_PROFILE")
     if name and name not in PROFILES:
@@ -59,7 +59,7 @@ def problems() -> list[str]:
 
 
 def load_default() -> None:
-    """At import of the root conftest: DPEP_PROFILE (or ci) is the base that hypothesis's own options
+    """At import of the pytest plugin: DPEP_PROFILE (or ci) is the base that hypothesis's own options
     (--hypothesis-profile, --hypothesis-verbosity) then build on."""
     name = os.environ.get("DPEP_PROFILE", "ci")
     settings.load_profile(name if name in PROFILES else "ci")

@@ -2,7 +2,8 @@
 a usage error (pytest's exit code 4), never a green run that checked nothing (`--world-sizes 3` once gave
 "1 skipped", exit 0) nor a failed test (the exit code of a parity failure).
 
-`problems(...)` lists every broken rule at once; the root conftest raises them as one pytest.UsageError.
+`problems(...)` lists every broken rule at once; the pytest plugin (checks.pytest_plugin) raises them as one
+pytest.UsageError.
 """
 from __future__ import annotations
 

@@ -1,0 +1,79 @@
+"""The suite's pytest plugin (checks/pytest_plugin.py) outside this repository: from an empty directory, with
+none of pyproject.toml's pytest settings in force, `-p dpep --pyargs property_tests.test_parity` runs a pinned
+example on the spec target; bad options are still a usage error; and inside the repository the root conftest
+loads the plugin exactly once, whether or not pytest already has it.
+
+The runs see the entry point that `pip install` writes (pyproject.toml's, in a dist-info of its own on the path),
+so they load the plugin the way an installed copy does, whether or not this checkout is installed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "checks.pytest_plugin"
+ONE_PIN = "moe_pinned and noshared"   # one pinned example, two ranks: seconds
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """A folder holding only the dist-info of an installed dpep-parity: its pytest11 entry point."""
+    d = tmp_path_factory.mktemp("site") / "dpep_parity-0.dist-info"
+    d.mkdir()
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: dpep-parity\nVersion: 0\n")
+    (d / "entry_points.txt").write_text(f"[pytest11]\ndpep = {MODULE}\n")
+    return d.parent
+
+
+def pytest_run(argv: list[str], cwd: Path, site: Path, **env: str) -> subprocess.CompletedProcess:
+    # this checkout first on the path, so an installed copy of the package cannot stand in for it
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DPEP_PROFILE"))}
+    path = [str(ROOT), str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    full.update(PYTHONPATH=os.pathsep.join(path), DPEP_MAX_EXAMPLES="1", **env)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *argv], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_entry_point_is_the_plugin_module():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["pytest11"] == {"dpep": MODULE}
+
+
+def test_pinned_examples_run_from_an_empty_directory(tmp_path, site):
+    p = pytest_run(["-p", "dpep", "--pyargs", "property_tests.test_parity", "-k", ONE_PIN], tmp_path, site)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "1 passed" in out, out[-3000:]
+    assert f"rootdir: {tmp_path}" in out, out[-3000:]   # none of this repository's pytest settings applied
+    assert "dpep: target=spec device=cpu world sizes=1,2,4" in out, out[-3000:]
+    assert "hypothesis profile=ci+max_examples=1" in out, out[-3000:]
+    report = json.loads((tmp_path / "reports" / "property-suite.json").read_text())
+    assert (report["passed"], report["failed"]) == (1, 0), report
+
+
+def test_a_bad_target_from_an_empty_directory_is_a_usage_error(tmp_path, site):
+    """Negative control of the run above: the plugin's options are checked, not merely accepted."""
+    p = pytest_run(["-p", "dpep", "--pyargs", "property_tests.test_parity", "--target", "nonexistent.module:X"],
+                   tmp_path, site)
+    out = p.stdout + p.stderr
+    assert p.returncode == 4, out[-3000:]
+    assert "--target: cannot load target 'nonexistent.module:X'" in out, out[-3000:]
+    assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("autoload", ["0", "1"], ids=["root-conftest", "entry-point"])
+def test_the_repository_loads_the_plugin_once(autoload, site):
+    """With autoload off only the root conftest loads the plugin; with it on, pytest registers the entry point
+    first (as `dpep`) and the root conftest must not register the same module a second time."""
+    p = pytest_run(["property_tests/test_parity.py", "--collect-only", "-k", ONE_PIN], ROOT, site,
+                   **({"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if autoload == "0" else {}))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert out.count("dpep: target=spec") == 1, out[-3000:]
+    assert "1/19 tests collected" in out or "1 selected" in out, out[-3000:]
