@@ -1,4 +1,5 @@
 """Calibration of the tolerance model (checks.numerics): `python -m checks.calibrate`.
+(`--precision`: the precision test's calibration instead, checks/calibrate_precision.py.)
 
 One realistic GEMM (X [m, k] @ W [k, n], inputs rounded to the dtype), its float64 truth and its
 one-device result in the dtype (the reference). Three systems under test are judged by `compare`:
@@ -105,7 +106,19 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, nargs=3, default=list(SIZE), metavar=("M", "K", "N"))
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPE_NAMES), choices=list(DTYPE_NAMES))
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the verdict and the table's rows")
+    ap.add_argument("--precision", action="store_true",
+                    help="calibrate the precision test instead (checks/calibrate_precision.py): the spec, its "
+                         "legitimate variants and the precision mutants through every unit, in bfloat16")
+    ap.add_argument("--examples", type=int, default=24, help="examples per unit and target (--precision)")
     args = ap.parse_args(argv)
+    if args.precision:
+        from checks import calibrate_precision
+        good, prec_rows = calibrate_precision.run(args.examples)
+        if args.json:
+            import json
+            with open(args.json, "w") as f:
+                json.dump({"model_holds": good, "examples": args.examples, "rows": prec_rows}, f, indent=2)
+        return 0 if good else 1
     t0 = time.perf_counter()
     rows = table(tuple(args.dtypes), seeds=tuple(range(args.seeds)), size=tuple(args.size))
     good = all(r["split_ok"] and not r["biased_ok"] and not r["doubled_ok"] for r in rows)

@@ -40,9 +40,9 @@ from checks.mutants import CATALOG, NOT_EXPRESSED
 ROOT = Path(__file__).resolve().parent.parent
 # the checks a result of checks.parity carries (Check.prop), printed as "[prop] message" by ParityResult.report
 PROPERTIES = ("parity", "ownership", "routing", "dispatch", "padding-rule", "collectives", "greedy", "liveness",
-              "no-crash")
+              "no-crash", "precision")
 # the single-forward properties first (pinned triggers, then the search), then sequences of forwards on one build
-SUITE = ("property_tests/test_parity.py", "property_tests/test_stateful.py")
+SUITE = ("property_tests/test_parity.py", "property_tests/test_precision.py", "property_tests/test_stateful.py")
 PYTEST_EXIT = {2: "interrupted or collection error", 3: "pytest internal error", 4: "usage error",
                5: "no test collected"}
 
@@ -109,9 +109,10 @@ def classify(run: dict, expected: tuple[str, ...] = ()) -> dict:
 
 
 def _excerpt(text: str, lines: int = 4) -> str:
-    bare = (l.strip().removeprefix("E").strip() for l in text.splitlines())   # without pytest's "E   "
-    keep = [l for l in bare if l.startswith(("[", "HANG", "MISMATCH", "DEADLOCK", "-"))
-            or "FAIL" in l or "rows beyond" in l or "bias" in l]
+    # without pytest's "E   " and the assertion's class name
+    bare = (l.strip().removeprefix("E").strip().removeprefix("AssertionError: ") for l in text.splitlines())
+    keep = [l for l in bare if (l.startswith(("[", "HANG", "MISMATCH", "DEADLOCK", "-"))
+            or "FAIL" in l or "rows beyond" in l or "bias" in l) and not l.startswith("[+")]
     return "\n".join(keep[:lines]) or "\n".join(text.strip().splitlines()[-lines:])
 
 

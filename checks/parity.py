@@ -6,6 +6,7 @@ dtypes, expert dispatch counts, the padding-mode rule, and collective discipline
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ class ParityResult:
     verdict: numerics.Verdict | None = None
     first_divergent_layer: int | None = None
     skipped: str | None = None
+    precision: list[float] | None = None   # the precision test's evidence (numerics.precision_sample), if asked
+    precision_note: str = ""               # why there is none, when asked for
 
     @property
     def ok(self) -> bool:
@@ -55,6 +58,12 @@ class ParityResult:
             lines.append(str(self.verdict))
         if self.first_divergent_layer is not None:
             lines.append(f"first divergent layer: {self.first_divergent_layer}")
+        if self.precision:
+            m = sum(self.precision) / len(self.precision)
+            lines.append(f"precision evidence: mean log energy ratio {m:+.3f} over {len(self.precision)} tokens "
+                         f"(judged pooled over a run: property_tests/test_precision.py)")
+        elif self.precision_note:
+            lines.append(f"precision evidence: none ({self.precision_note})")
         return "\n".join(lines)
 
 
@@ -185,11 +194,14 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
 
 def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: Batch, dtype: str,
                 layer: int = 0, device: str = "cpu", deadline_s: float = 120.0,
-                truth_device: str | None = None, poison: bool = False, build_id: str = "") -> ParityResult:
+                truth_device: str | None = None, poison: bool = False, build_id: str = "",
+                layout_reference: bool = False) -> ParityResult:
     """`device`: where the ranks run ('cpu' | 'cuda' | 'auto'); the oracle's reference in the test dtype
     runs on the same kind of device (same kernels, same rounding), its float64 truth on `truth_device`
     (default: the same). `poison`: fresh allocations of the target hold NaN (checks.poison); `build_id`: run
-    on that build of the target (kept across calls with the same id: a sequence of forwards on one build)."""
+    on that build of the target (kept across calls with the same id: a sequence of forwards on one build).
+    `layout_reference`: in a half-precision dtype, also run the spec at the same layout on the same world and
+    keep the precision test's evidence in `res.precision` (the spec makes the layout's legitimate roundings)."""
     config, _ = load_weights(str(model_dir))
     validate(layout, config)
     res = ParityResult(unit, layout, batch, dtype)
@@ -209,13 +221,36 @@ def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: B
     except WorldFailure as e:
         res.checks.append(Check("liveness" if e.kind in ("hang", "deadline", "died") else "no-crash", False, str(e)))
         return res
+    lay_ref = None
+    if layout_reference:
+        lay_ref, res.precision_note = _layout_reference(world, target, job, config)
     judge(res, results, config, model_dir, layer, device=world.rank_device,
-          truth_device=truth_device or os.environ.get("DPEP_TRUTH_DEVICE") or None)
+          truth_device=truth_device or os.environ.get("DPEP_TRUTH_DEVICE") or None,
+          precision=layout_reference and not res.precision_note, layout_ref=lay_ref)
     return res
 
 
+def _layout_reference(world, target: str, job: UnitJob, config: dict) -> tuple[list[RankResult] | None, str]:
+    """The spec's outputs for the same example at the same layout (its own build), or why there are none."""
+    if torch.finfo(DTYPES[job.dtype]).bits > 16:
+        return None, f"{job.dtype}: the precision test is for half-precision dtypes"
+    if target == "spec":
+        return None, ""              # the target is the layout reference: its own outputs serve
+    why = skip_reason(resolve("spec"), job.unit, config, job.layout)
+    if why:
+        return None, f"the spec skips this example: {why}"
+    spec_job = dataclasses.replace(job, target="spec", poison=False, build_id=f"{job.build_id}~layout-reference")
+    try:
+        return world.run(spec_job), ""
+    except WorldFailure as e:
+        return None, f"the spec failed at this layout: {str(e).splitlines()[0]}"
+
+
 def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir, layer: int,
-          device: str = "cpu", truth_device: str | None = None):
+          device: str = "cpu", truth_device: str | None = None, precision: bool = False,
+          layout_ref: list[RankResult] | None = None):
+    """`precision`: also gather the precision test's evidence, against the reference, its variants and
+    `layout_ref` (the spec's results at this layout; None when the target is the spec itself)."""
     unit, layout, batch, dtype = res.unit, res.layout, res.batch, res.dtype
     dt = DTYPES[dtype]
     res.checks.append(collective_discipline(results, layout))
@@ -246,11 +281,21 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
     excused = oracle_mask(ex_global, batch, layout, ranks)
     noisy_ref = oracle_mask(routing.ref_flipped, batch, layout, ranks)
     labels = row_labels(batch, layout, ranks)
+    alts = [oracle_rows(a, batch, layout, ranks) for a in variants]
+    clusters = token_keys(batch, layout, ranks)
     v = numerics.compare(f"{unit} layer {layer}" if unit != "model" else "model logits", sut, truth, ref, dt,
-                         fan_in=layout.tp, excused=excused, labels=labels,
-                         ref_variants=[oracle_rows(a, batch, layout, ranks) for a in variants],
-                         clusters=token_keys(batch, layout, ranks), unpooled=noisy_ref)
+                         fan_in=layout.tp, excused=excused, labels=labels, ref_variants=alts,
+                         clusters=clusters, unpooled=noisy_ref)
     res.verdict = v
+    if precision:
+        lay = sut if layout_ref is None else _rows(layout_ref, key)
+        if lay is None or tuple(lay.shape) != tuple(sut.shape):
+            res.precision_note = "the spec's outputs at this layout have another shape"
+        else:
+            out = torch.zeros(sut.shape[0], dtype=torch.bool)
+            out[v.failing_rows] = True
+            res.precision = numerics.precision_sample(sut, truth, [ref, *alts, lay], dt,
+                                                      leave_out=excused | noisy_ref | out, clusters=clusters)
     reasons = list(v.reasons)
     if not v.ok and routing.check is not None and not routing.check.ok:
         # rows routed away from a tie are judged like any other (never excused): name the likely cause
@@ -298,6 +343,11 @@ def oracle_outputs(model_dir: str, dtype: str, device: str, truth_device: str | 
         else:
             uref = oracle.decoder(layer, batch, inputs)
     return uref, oracle.variants(unit, layer, batch, inputs)
+
+
+def _rows(results: list[RankResult], key: str) -> torch.Tensor | None:
+    outs = [r.value.get(key) for r in results]
+    return torch.cat(outs) if all(isinstance(o, torch.Tensor) for o in outs) else None
 
 
 def _shape(x):

@@ -24,13 +24,16 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", required=True, type=_checked(parse_batch))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--deadline", type=float, default=60.0)
+    ap.add_argument("--precision", action="store_true",
+                    help="also run the spec at the same layout and print the precision test's evidence "
+                         "(half-precision dtypes; the test itself pools many examples: test_precision.py)")
     a = ap.parse_args(argv)
     bad = _problems(a)
     if bad:     # a usage error (exit 2) before any rank starts, every problem at once
         ap.error("\n  ".join(["the example cannot run:", *bad]))
     from fixtures.build import fixture_path
     res = run_example(a.target, a.unit, str(fixture_path(a.fixture)), a.layout, a.batch, a.dtype, a.layer,
-                      a.device, a.deadline)
+                      a.device, a.deadline, layout_reference=a.precision)
     if res.skipped:
         print(f"skipped: {res.skipped}")
         return 0

@@ -148,12 +148,20 @@ class SpecModel:
         """Qwen3: RMSNorm over head_dim before RoPE."""
         if self.qk_norm:
             p = f"model.layers.{i}.self_attn."
-            q = rms_norm(q, self.W(p + "q_norm.weight"), self.eps)
-            k = rms_norm(k, self.W(p + "k_norm.weight"), self.eps)
+            q = self.norm(q, self.W(p + "q_norm.weight"))
+            k = self.norm(k, self.W(p + "k_norm.weight"))
         return self.rope(q, pos), self.rope(k, pos)
 
+    def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Every RMSNorm of the model (precision mutants override it)."""
+        return rms_norm(x, w, self.eps)
+
+    def rope_angles(self, pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """RoPE angles position x inverse frequency, in fp32 as transformers computes them."""
+        return pos[:, None].float() * self.inv_freq[None]
+
     def rope(self, x, pos):
-        freqs = pos[:, None].float() * self.inv_freq[None]
+        freqs = self.rope_angles(pos, x.dtype)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype)[:, None], emb.sin().to(x.dtype)[:, None]
         return x * cos + rotate_half(x) * sin
@@ -204,10 +212,14 @@ class SpecModel:
         total = torch.tensor([k.shape[0] for k in ks], device=Q.device)
         mask = (key[None, None] > qpos[:, :, None]) | (key[None, None] >= total[:, None, None])
         s = s.masked_fill(mask[:, None], torch.finfo(s.dtype).min)
-        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(Q.dtype)
+        p = self.attention_probs(s).to(Q.dtype)
         out = matmul(p.reshape(b, kvh, rep * nq, nk), V.transpose(1, 2))                # [b, kvh, rep q, d]
         out = out.reshape(b, h, nq, d).transpose(1, 2)                                  # [b, q, h, d]
         return [out[b, : q.shape[0]] for b, q in enumerate(qs)]
+
+    def attention_probs(self, s: torch.Tensor) -> torch.Tensor:
+        """Attention softmax, in fp32 as transformers' eager attention computes it."""
+        return torch.softmax(s, dim=-1, dtype=torch.float32)
 
     # ---------- DP gather / scatter ----------
     def gather(self, local: torch.Tensor, step: Step, mode: str, partial: bool) -> torch.Tensor:
@@ -219,7 +231,7 @@ class SpecModel:
             if local.shape[0] and (partial or self.attn_tp_rank == 0):
                 off = self.dp_offset(counts)
                 buf[off: off + local.shape[0]] = local
-            dist.all_reduce(buf, group=self.g.tp)
+            self.all_reduce(buf, self.g.tp)
             return buf
         L = self.max_len(counts)
         pad = torch.zeros(L, self.H, dtype=local.dtype, device=local.device)
@@ -258,6 +270,10 @@ class SpecModel:
             return self.dp_offset(counts), n
         return self.dp_rank * self.max_len(counts), n
 
+    def all_reduce(self, t: torch.Tensor, group) -> None:
+        """Every in-place sum over a group of the model (legitimate variants reorder it)."""
+        dist.all_reduce(t, group=group)
+
     def scatter(self, buf: torch.Tensor, step: Step, mode: str) -> torch.Tensor:
         """sglang dp_scatter: copy this DP group's rows out of the global buffer (never a view, B13)."""
         off, n = self.slot(step, mode)
@@ -267,7 +283,7 @@ class SpecModel:
         """After the MoE: SUM_LEN all-reduces then scatters; MAX_LEN reduce-scatters over TP and
         all-gathers inside the attention-TP group (sglang dp_reduce_scatter_tensor + communicator)."""
         if mode == SUM_LEN:
-            dist.all_reduce(y, group=self.g.tp)
+            self.all_reduce(y, self.g.tp)
             return self.scatter(y, step, mode)
         L = self.max_len(step.batch.tokens_per_dp())
         piece = torch.empty(L // self.lay.attn_tp, self.H, dtype=y.dtype, device=y.device)
@@ -288,10 +304,13 @@ class SpecModel:
     def route(self, i: int, x: torch.Tensor):
         """Replicated router: softmax in fp32, top-k, optional renormalisation (transformers' router)."""
         logits = linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        probs = self.router_probs(logits)
         w, ids = torch.topk(probs, self.topk, dim=-1)
         self._route_ids = ids          # reported (sorted, this rank's rows) as the unit's "routing"
         return self.topk_weights(w).to(x.dtype), ids
+
+    def router_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits, dim=-1, dtype=torch.float32)
 
     def topk_weights(self, w: torch.Tensor) -> torch.Tensor:
         return w / w.sum(-1, keepdim=True) if self.cfg.get("norm_topk_prob") else w
@@ -329,7 +348,7 @@ class SpecModel:
     def routed_experts(self, i, x, w, ids, counts):
         p = f"model.layers.{i}.mlp.experts."
         inter = self.cfg["moe_intermediate_size"]
-        out = torch.zeros_like(x)
+        out = torch.zeros(x.shape, dtype=self.expert_accumulator_dtype or x.dtype, device=x.device)
         for e in self.local_experts():
             rows, slot = torch.where(ids == e)
             counts[e] = counts.get(e, 0) + int(rows.numel())
@@ -337,7 +356,11 @@ class SpecModel:
                 continue
             y = self.dense_mlp(i, x[rows], f"{p}{e}.", inter, self.lay.moe_tp, self.moe_tp_rank)
             out.index_add_(0, rows, (y * w[rows, slot, None]).to(out.dtype))
-        return out
+        return out.to(x.dtype)
+
+    # the expert outputs' running sum: the activation dtype as transformers' eager loop (None), or float32 as
+    # fused MoE kernels accumulate (a legitimate variant: checks/tests/variants.py)
+    expert_accumulator_dtype: torch.dtype | None = None
 
     def combine(self, routed, shared):
         return routed if shared is None else routed + shared
@@ -390,7 +413,7 @@ class SpecModel:
 
     def mlp_all_reduce(self, i: int, y: torch.Tensor) -> torch.Tensor:
         if self.lay.tp > 1:
-            dist.all_reduce(y, group=self.g.tp)
+            self.all_reduce(y, self.g.tp)
         return y
 
     # ---------- decoder layer ----------
@@ -401,10 +424,10 @@ class SpecModel:
         residual) with the residual add deferred, as sglang's fused add-RMSNorm does."""
         p = f"model.layers.{i}."
         if residual is None:
-            residual, hidden = hidden, rms_norm(hidden, self.W(p + "input_layernorm.weight"), self.eps)
+            residual, hidden = hidden, self.norm(hidden, self.W(p + "input_layernorm.weight"))
         else:
             residual = hidden + residual
-            hidden = rms_norm(residual, self.W(p + "input_layernorm.weight"), self.eps)
+            hidden = self.norm(residual, self.W(p + "input_layernorm.weight"))
         xs, start = [], 0
         for req, pre in zip(step.requests, kv_inputs):
             xs.append(torch.cat([pre, hidden[start: start + req.extend]]))
@@ -414,14 +437,14 @@ class SpecModel:
         post_w = self.W(p + "post_attention_layernorm.weight")
         if self.lay.dp == 1:
             if self.lay.tp > 1:
-                dist.all_reduce(attn, group=self.g.tp)
+                self.all_reduce(attn, self.g.tp)
             residual = attn + residual
-            y = self.mlp_local(i, rms_norm(residual, post_w, self.eps), counts)
+            y = self.mlp_local(i, self.norm(residual, post_w), counts)
             return self.mlp_all_reduce(i, y), residual
         local = attn + residual if self.folds_residual() else attn
         buf = self.gather(local, step, mode, partial=True)
         residual = self.scatter(buf, step, mode)
-        y = self.mlp_on_buffer(i, rms_norm(buf, post_w, self.eps), step, mode, counts)
+        y = self.mlp_on_buffer(i, self.norm(buf, post_w), step, mode, counts)
         return self.reduce_and_scatter(y, step, mode), residual
 
     # ---------- embedding and lm_head ----------
@@ -436,7 +459,7 @@ class SpecModel:
         local = ids - s.start
         inside = (local >= 0) & (local < s.stop - s.start)
         out = F.embedding(torch.where(inside, local, 0), w[s]) * inside[:, None].to(w.dtype)
-        dist.all_reduce(out, group=self.g.tp)
+        self.all_reduce(out, self.g.tp)
         return out
 
     def lm_head(self, h: torch.Tensor, step: Step) -> torch.Tensor:
@@ -480,7 +503,7 @@ class SpecModel:
         for i in range(self.cfg["num_hidden_layers"]):
             hidden, residual = self.layer(i, step, hidden, residual, none, counts)
             layers.append(hidden + residual)
-        final = rms_norm(hidden + residual, self.W("model.norm.weight"), self.eps)
+        final = self.norm(hidden + residual, self.W("model.norm.weight"))
         new, self.kv_prefix, self.kv_new = self.kv_new, {}, {}
         return self.lm_head(final, step), layers, new
 
@@ -509,11 +532,11 @@ class SpecTarget:
                 xs = [t.to(m.dt).to(m.dev) for t in step.inputs]
                 y = m.attention(i, step, xs)
                 if m.lay.attn_tp > 1:
-                    dist.all_reduce(y, group=m.g.attn_tp)   # standalone attention: o_proj reduces its group
+                    m.all_reduce(y, m.g.attn_tp)   # standalone attention: o_proj reduces its group
                 out["out"] = y
             elif unit == "decoder":
                 xs = [t.to(m.dt).to(m.dev) for t in step.inputs]
-                pre = [rms_norm(x[: r.prefix], m.W(f"model.layers.{i}.input_layernorm.weight"), m.eps)
+                pre = [m.norm(x[: r.prefix], m.W(f"model.layers.{i}.input_layernorm.weight"))
                        for r, x in zip(step.requests, xs)]
                 h = torch.cat([x[r.prefix:] for r, x in zip(step.requests, xs)]) if xs else \
                     torch.zeros(0, m.H, dtype=m.dt, device=m.dev)
