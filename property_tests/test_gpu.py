@@ -23,11 +23,13 @@ from hypothesis import strategies as st
 from checks.batches import Batch
 from checks.batches import Request as R
 from checks.bench_gpu import evict_if_needed
+from checks.numerics import PrecisionPool
 from checks.parity import run_example
 from checks.topology import Layout, valid_layouts
 from fixtures.build import fixture_path
 from fixtures.large import DRYRUN_FIXTURES, LARGE_FIXTURES
 from property_tests import search
+from property_tests.pooled import HALF, pooled_precision
 from property_tests.strategies import Example
 
 pytestmark = pytest.mark.gpu
@@ -53,10 +55,10 @@ def spec_config(name: str) -> dict:
     return {k: getattr(s, k) for k in s.__dataclass_fields__}
 
 
-def run(suite, unit: str, ex: Example, target: str | None = None):
+def run(suite, unit: str, ex: Example, target: str | None = None, layout_reference: bool = False):
     evict_if_needed(ex.layout.tp, suite.device, suite.deadline)
     return run_example(target or suite.target, unit, str(fixture_path(ex.fixture)), ex.layout, ex.batch,
-                       ex.dtype, ex.layer, suite.device, suite.deadline)
+                       ex.dtype, ex.layer, suite.device, suite.deadline, layout_reference=layout_reference)
 
 
 def explain(res, unit, ex, target) -> str:
@@ -165,3 +167,62 @@ def test_large_mutant_killed(gpu, mutant, unit, fixture, layout, batch):
     print(f"\n{mutant} {unit} {fixture} {layout} {dtype}: spec {spec.verdict.worst_excess:.2f}x bound; "
           f"mutant {v.worst_excess:.1f}x bound, |sut|/|truth| {v.ratio:.3f}, "
           f"{len(v.failing_rows)}/{v.rows} rows beyond, {v.tie_rows} tie rows")
+
+
+# ---------------- precision (test_precision.py's pooled test) at production size ----------------
+@st.composite
+def large_busy(draw, world_sizes, dtypes) -> Example:
+    """Every DP rank extends 1-2 requests of 8-48 tokens after a short or a long (64-1024) prefix."""
+    fixture = draw(st.sampled_from(sorted(FAMILY)))
+    lays = [lay for ws in sorted(world_sizes) for lay in valid_layouts(ws, spec_config(fixture))]
+    layout = draw(st.sampled_from(lays))
+    per = tuple(tuple(R(draw(st.one_of(st.integers(0, 32), st.integers(64, 1024))), draw(st.integers(8, 48)))
+                      for _ in range(draw(st.integers(1, 2)))) for _ in range(layout.dp))
+    return Example(fixture, layout, Batch(per, draw(st.integers(0, 2**16))), draw(st.sampled_from(list(dtypes))), 0)
+
+
+def _halves():
+    halves = [d for d in DTYPES if d in HALF]
+    if not halves:
+        pytest.skip(f"no half-precision dtype in DPEP_LARGE_DTYPES={','.join(DTYPES)}")
+    return halves
+
+
+@pytest.mark.parametrize("unit", ["moe", "decoder"])
+def test_large_precision(gpu, unit):
+    """No precision-class excess at production shapes, pooled over the run (docs/precision.md)."""
+    pooled_precision(unit, large_busy(gpu.world_sizes, _halves()),
+                     lambda ex: run(gpu, unit, ex, layout_reference=True), lambda res, ex: None,
+                     lambda ex: f"{ex.replay(unit, gpu.target)} --device cuda", max_examples=EXAMPLES)
+
+
+PRECISION_PINS = [(Layout(1, 1, 1), Batch(((R(0, 384), R(300, 320)),), 11)),       # ~700 tokens each: a
+                  (Layout(2, 1, 1), Batch(((R(700, 320), R(4, 384)),), 12)),        # precision fault adds
+                  (Layout(2, 2, 2), Batch(((R(0, 256), R(96, 128)), (R(500, 384),)), 13)),   # ~5 % energy
+                  (Layout(4, 2, 2), Batch(((R(128, 384),), (R(0, 192), R(900, 192))), 14))]  # at these sizes
+
+
+# P01 (norm statistics in bfloat16) is not here: at production size it adds ~2 % to the decoder's error energy
+# (measured on the H200: pooled +0.019, z=1.7 over these ~2,800 tokens; docs/precision.md), which this tier
+# cannot resolve at its cost; the tiny fixtures' tiers kill it.
+@pytest.mark.parametrize("mutant", ["P04"])
+def test_large_precision_mutant_killed(gpu, mutant):
+    """On the same production-size examples (decoder, long and short prefixes) the spec passes every check and
+    the pooled precision test, and the precision mutant fails one of them."""
+    dtype = _halves()[0]
+    verdicts = {}
+    for target in ("spec", f"checks.mutants:{mutant}"):
+        pool, failed = PrecisionPool(), []
+        for layout, batch in PRECISION_PINS:
+            if layout.tp not in gpu.world_sizes:
+                continue
+            ex = Example(QWEN3, layout, batch, dtype, 0)
+            res = run(gpu, "decoder", ex, target, layout_reference=True)
+            failed += [f"{layout}: {c.prop}" for c in res.failures()]
+            pool.add(str(layout), res.precision or [])
+        verdicts[target] = (pool.verdict(), failed)
+    (spec_v, spec_failed), (mut_v, mut_failed) = verdicts.values()
+    assert spec_v.ok and not spec_failed, f"spec: {spec_failed} {spec_v.reason}"
+    assert not mut_v.ok or mut_failed, f"{mutant} survived: pooled {mut_v.mean:+.3f} (z={mut_v.z:.1f})"
+    print(f"\n{mutant} decoder {QWEN3} {dtype}: spec pooled {spec_v.mean:+.3f} (z={spec_v.z:.1f}); mutant pooled "
+          f"{mut_v.mean:+.3f} (z={mut_v.z:.1f}), other checks failed: {mut_failed or 'none'}")

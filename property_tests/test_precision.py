@@ -18,20 +18,17 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from hypothesis import given, target
 from hypothesis import strategies as st
 
 from checks.batches import Batch, Request
-from checks.numerics import PrecisionPool
 from checks.parity import run_example
 from checks.targets.protocol import known_failure, resolve, skip_reason
 from fixtures.build import fixture_path
 from fixtures.specs import FIXTURES
-from property_tests import search
+from property_tests.pooled import HALF, pooled_precision
 from property_tests.strategies import Example, layouts_for
 
-HALF = ("bfloat16", "float16")
-LONG = (64, 200)      # prefix lengths past bfloat16's exact integers' reach at hidden RoPE frequencies
+LONG = (64, 200)   # long prefixes: a position x frequency rounded to bfloat16 (8 significant bits) is off by up to pos / 512 rad
 
 
 @st.composite
@@ -62,27 +59,15 @@ def check_precision(suite, unit: str):
     tgt = resolve(suite.target)
     if unit not in tgt.units:
         pytest.skip(skip_reason(tgt, unit, None, None))
-    pool = PrecisionPool()
 
-    @given(data=st.data())
-    def search_run(data):
-        ex = data.draw(precision_examples(suite.fixtures, suite.world_sizes, dtypes, unit), label="example")
-        res = run_example(suite.target, unit, str(fixture_path(ex.fixture)), ex.layout, ex.batch, ex.dtype,
-                          ex.layer, suite.device, suite.deadline, build_id=uuid.uuid4().hex,
-                          layout_reference=True)
-        search.accept(unit, ex, res, known_failure(tgt, res, ex.fixture, ex.layer))
-        assert res.ok, f"{res.report()}\nreplay: {ex.replay(unit, suite.target)}"
-        if res.precision:
-            mean = sum(res.precision) / len(res.precision)
-            target(mean, label=f"{unit}: mean log energy ratio")   # climb toward the largest excess
-            pool.add(f"{ex.replay(unit, suite.target)} --precision", res.precision)
+    def run(ex):
+        return run_example(suite.target, unit, str(fixture_path(ex.fixture)), ex.layout, ex.batch, ex.dtype,
+                           ex.layer, suite.device, suite.deadline, build_id=uuid.uuid4().hex,
+                           layout_reference=True)
 
-    search_run.__name__ = f"test_{unit}_precision"
-    search.floor(search_run)()
-    v = pool.verdict()
-    print(f"{unit} precision: mean log energy ratio {v.mean:+.3f} over {v.tokens} tokens of {v.examples} examples, "
-          f"z={v.z:.1f} {v.reason}")
-    assert v.ok, f"[precision] {v.reason}"
+    pooled_precision(unit, precision_examples(suite.fixtures, suite.world_sizes, dtypes, unit), run,
+                     lambda res, ex: known_failure(tgt, res, ex.fixture, ex.layer),
+                     lambda ex: ex.replay(unit, suite.target))
 
 
 def test_moe_precision(suite):
