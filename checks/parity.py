@@ -177,6 +177,11 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
                     continue
                 diff = (g.to(want.dtype) != want).any(1)
                 away = diff & ~ties[-req.extend:]
+                if unit == "model":
+                    # a token downstream of a legitimate flip at an earlier layer (or of a prefix tie) has other
+                    # inputs than one device's from then on: its routing may differ anywhere (its rows are
+                    # excused already); a 500-example bfloat16 fuzz run found one such token judged "away"
+                    away &= ~excused[starts[q]: starts[q] + req.extend]
                 # only a flip at a near-tie is legitimate and excuses the row (and, in the model, the later
                 # tokens it feeds); a flip away from a tie is a routing failure and its rows stay judged
                 sut_flip[starts[q]: starts[q] + req.extend] |= diff & ~away
