@@ -6,6 +6,7 @@ data, the limit and the seed; each sample carries a sha256 of its exact requests
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from dataclasses import dataclass, field
 
@@ -120,7 +121,7 @@ def gold_pair(taskset: TaskSet, s: Sample) -> tuple[str, str]:
 def score_gsm8k(taskset: TaskSet, s: Sample, generation: str, gold=None) -> dict:
     task = taskset.gsm8k_task()
     inst = dataclasses.replace(s.instances[0], resps=[generation], filtered_resps={})
-    for f in task._filters:
+    for f in filters_of(task):
         f.apply([inst])
     metrics, extracted = {}, {}
     for key, value in inst.filtered_resps.items():
@@ -132,6 +133,19 @@ def score_gsm8k(taskset: TaskSet, s: Sample, generation: str, gold=None) -> dict
     if gold is not None:
         rec |= gold_fields(gold)
     return rec
+
+
+@functools.lru_cache(maxsize=None)
+def filters_of(task) -> list:
+    """The filter pipelines lm-eval's evaluator applies to a task's generations before scoring, built from the
+    task's public config with lm-eval's own `build_filter_ensemble` as the task builds them (it keeps its
+    copy in a private attribute)."""
+    from lm_eval.filters import build_filter_ensemble
+    if task.config.filter_list is None:
+        return [build_filter_ensemble("none", [["take_first", None]])]
+    return [build_filter_ensemble(fc["name"], [[fn["function"], {k: v for k, v in fn.items() if k != "function"}]
+                                               for fn in fc["filter"]])
+            for fc in task.config.filter_list]
 
 
 def gold_fields(gold) -> dict:
