@@ -7,5 +7,5 @@ has imported it yet: a checkout that was not installed, PYTEST_DISABLE_PLUGIN_AU
 """
 import sys
 
-if "checks.pytest_plugin" not in sys.modules:
-    pytest_plugins = ["checks.pytest_plugin"]
+if "dpep_parity.checks.pytest_plugin" not in sys.modules:
+    pytest_plugins = ["dpep_parity.checks.pytest_plugin"]

@@ -29,13 +29,12 @@ import sys
 import time
 
 import torch
-
-from checks import numerics
-from checks.batches import DTYPES, Batch, Request, seq_inputs
-from checks.parity import ParityResult, judge, run_example
-from checks.topology import Layout, validate
-from checks.unitjob import UnitJob, load_weights
-from checks.world import get_world
+from dpep_parity.checks import numerics
+from dpep_parity.checks.batches import DTYPES, Batch, Request, seq_inputs
+from dpep_parity.checks.parity import ParityResult, judge, run_example
+from dpep_parity.checks.topology import Layout, validate
+from dpep_parity.checks.unitjob import UnitJob, load_weights
+from dpep_parity.checks.world import get_world
 
 
 # ---------------- rank-side cache control ----------------
@@ -116,7 +115,7 @@ def _sync(device):
 @torch.no_grad()
 def raw_forward_s(path: str, unit: str, batch: Batch, dtype: str, device: str, repeats: int = 3) -> float:
     """The same layer on the same rows, transformers' module in the test dtype on one device (median)."""
-    from checks.reference import _causal_mask, load_model
+    from dpep_parity.checks.reference import _causal_mask, load_model
     model = load_model(path, dtype, device)
     dt = DTYPES[dtype]
     layer = model.model.layers[0]
@@ -143,7 +142,7 @@ def raw_forward_s(path: str, unit: str, batch: Batch, dtype: str, device: str, r
 
 
 def cmd_bench(a) -> int:
-    from fixtures.build import fixture_path
+    from dpep_parity.fixtures.build import fixture_path
     path = str(fixture_path(a.fixture))
     rows = []
     print(f"# bench: spec target, {a.fixture}, {a.dtype}, device {a.device}, {a.examples} examples after "
@@ -193,7 +192,7 @@ def cmd_bench(a) -> int:
 # ---------------- tolerance study ----------------
 def ref_error(path: str, unit: str, batch: Batch, dtype: str, device: str) -> dict:
     """The reference's own error against the truth, on the same rows the judge uses."""
-    from checks.reference import Oracle
+    from dpep_parity.checks.reference import Oracle
     config, _ = load_weights(path)
     dt = DTYPES[dtype]
     o = Oracle(path, dtype, device)
@@ -239,8 +238,8 @@ STUDY_LAYOUTS = ((1, 1, 1), (2, 1, 1), (2, 2, 2), (4, 1, 1), (4, 2, 2), (4, 4, 4
 
 
 def cmd_tolerance(a) -> int:
-    from checks.mutants import CATALOG
-    from fixtures.build import fixture_path
+    from dpep_parity.checks.mutants import CATALOG
+    from dpep_parity.fixtures.build import fixture_path
     print(f"# tolerance: device {a.device}, cuBLAS bf16 reduced-precision reduction "
           f"{torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction if a.device == 'cuda' else 'n/a'}, "
           f"TF32 matmul {torch.backends.cuda.matmul.allow_tf32 if a.device == 'cuda' else 'n/a'}", flush=True)
@@ -310,7 +309,7 @@ GEMM_SHAPES = {   # (m, k, n): rows x reduction x outputs
 
 
 def cmd_gemm(a) -> int:
-    from checks.calibrate import biased, doubled, split_k
+    from dpep_parity.checks.calibrate import biased, doubled, split_k
     dev = a.device
     print(f"# split-K on {dev}: excess = max over rows of err_sut / (2 err_ref + (P+1) ulp); worst of "
           f"{a.seeds} seeds; bf16 reduced-precision reduction "

@@ -12,10 +12,10 @@ import argparse
 import sys
 import time
 
-from checks.batches import Batch, Request
-from checks.topology import Layout
-from checks.unitjob import UnitJob
-from checks.world import World
+from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.unitjob import UnitJob
+from dpep_parity.checks.world import World
 
 
 def main(argv=None) -> int:
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--examples", type=int, default=40, help="examples per world size (reused world)")
     ap.add_argument("--fixture", default="qwen2-moe-shared", help="fixture model (dpep fixtures list)")
     a = ap.parse_args(argv)
-    from fixtures.build import fixture_path
+    from dpep_parity.fixtures.build import fixture_path
     path = str(fixture_path(a.fixture))
     print("| ranks | world start (s) | reused world: examples/s | fresh world per example: examples/s |")
     print("|---|---|---|---|")

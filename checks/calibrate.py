@@ -19,8 +19,7 @@ import sys
 import time
 
 import torch
-
-from checks import numerics
+from dpep_parity.checks import numerics
 
 DTYPE_NAMES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SIZE = (1024, 2048, 1024)
@@ -112,7 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--examples", type=int, default=24, help="examples per unit and target (--precision)")
     args = ap.parse_args(argv)
     if args.precision:
-        from checks import calibrate_precision
+        from dpep_parity.checks import calibrate_precision
         good, prec_rows = calibrate_precision.run(args.examples)
         if args.json:
             import json

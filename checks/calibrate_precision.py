@@ -14,12 +14,12 @@ from __future__ import annotations
 import random
 import time
 
-from checks.batches import Batch, Request
-from checks.numerics import PrecisionPool
-from checks.parity import run_example
-from checks.topology import valid_layouts
-from fixtures.build import fixture_path
-from fixtures.specs import FIXTURES, fixture_config
+from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.numerics import PrecisionPool
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.topology import valid_layouts
+from dpep_parity.fixtures.build import fixture_path
+from dpep_parity.fixtures.specs import FIXTURES, fixture_config
 
 LEGIT = ["spec"] + [f"checks.tests.variants:{v}" for v in ("EXPERTS_REVERSED", "EXPERTS_FP32_ACCUMULATE",
                                                             "ALL_REDUCE_BY_GATHER", "REDUCE_SCATTER_BY_ALL_REDUCE")]
@@ -27,7 +27,7 @@ UNITS = ("moe", "attention", "decoder", "model")
 
 
 def mutants() -> list[str]:
-    from checks.mutants import CATALOG
+    from dpep_parity.checks.mutants import CATALOG
     return [f"checks.mutants:{i}" for i, m in CATALOG.items() if m.kind == "precision"]
 
 
@@ -39,7 +39,7 @@ def examples(n: int, unit: str, seed: int = 0):
         fx = fixtures[i % len(fixtures)]
         lays = [lay for ws in (1, 2, 4) for lay in valid_layouts(ws, fixture_config(fx), dp_lm_head=unit == "model")]
         lay = rng.choice(lays)
-        per = tuple(tuple(Request(rng.choice([rng.randint(0, 4), rng.randint(64, 200)]), rng.randint(4, 12))
+        per = tuple(tuple(Request(rng.choice([rng.randint(0, 4), rng.randint(64, 200)]), rng.randint(16, 32))
                           for _ in range(rng.randint(2, 4))) for _ in range(lay.dp))
         layer = 0 if unit == "model" else rng.randrange(FIXTURES[fx].num_hidden_layers)
         yield fx, lay, Batch(per, rng.randrange(2**16)), layer

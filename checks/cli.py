@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from dpep_parity import own_module  # the import root only (pathlib): no torch
+
 # name -> (module, arguments put before the user's, one line of help); the module's main(argv) returns the exit
 # code (None counts as 0).
 COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -27,7 +29,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
 EPILOG = """\
 Everything after the subcommand goes to it unchanged; `dpep SUB --help` shows its options.
 The property suite itself runs under pytest: `python -m pytest property_tests ...` in this repository, or
-`python -m pytest -p dpep --pyargs property_tests` from anywhere (README.md).
+`python -m pytest -p dpep --pyargs dpep_parity.property_tests` from anywhere (README.md).
 Exit codes: the subcommand's own (README.md, "Exit codes"); 2 for an unknown subcommand."""
 
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     cut = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
     command = parser().parse_args(argv[:cut + 1]).command
     module, prefix, _ = COMMANDS[command]
-    rc = importlib.import_module(module).main([*prefix, *argv[cut + 1:]])
+    rc = importlib.import_module(own_module(module)).main([*prefix, *argv[cut + 1:]])
     return 0 if rc is None else int(rc)
 
 

@@ -35,7 +35,7 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from checks.mutants import CATALOG, NOT_EXPRESSED
+from dpep_parity.checks.mutants import CATALOG, NOT_EXPRESSED
 
 ROOT = Path(__file__).resolve().parent.parent
 # the checks a result of checks.parity carries (Check.prop), printed as "[prop] message" by ParityResult.report
@@ -119,7 +119,7 @@ def _excerpt(text: str, lines: int = 4) -> str:
 def expectation(target: str) -> tuple[str, ...]:
     """The properties a target declares should kill it (`expected_kills`); () when it declares none or
     cannot be loaded (its run then reports the load error)."""
-    from checks.targets.protocol import resolve
+    from dpep_parity.checks.targets.protocol import resolve
     try:
         return tuple(getattr(resolve(target), "expected_kills", ()) or ())
     except ValueError:

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-from checks.batches import MAX_LEN, SUM_LEN, ceil_align
-from checks.targets.spec import SpecModel, SpecTarget, linear, rms_norm
+from dpep_parity.checks.batches import MAX_LEN, SUM_LEN, ceil_align
+from dpep_parity.checks.targets.spec import SpecModel, SpecTarget, linear, rms_norm
 
 
 @dataclass(frozen=True)

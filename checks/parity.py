@@ -12,15 +12,14 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-
-from checks import numerics
-from checks.batches import DTYPES, Batch, padding_mode, seq_inputs, seq_token_ids
-from checks.recorder import mismatches
-from checks.reference import Oracle, UnitRef
-from checks.targets.protocol import resolve, skip_reason
-from checks.topology import Layout, validate
-from checks.unitjob import UnitJob, load_weights
-from checks.world import RankResult, WorldFailure, get_world
+from dpep_parity.checks import numerics
+from dpep_parity.checks.batches import DTYPES, Batch, padding_mode, seq_inputs, seq_token_ids
+from dpep_parity.checks.recorder import mismatches
+from dpep_parity.checks.reference import Oracle, UnitRef
+from dpep_parity.checks.targets.protocol import resolve, skip_reason
+from dpep_parity.checks.topology import Layout, validate
+from dpep_parity.checks.unitjob import UnitJob, load_weights
+from dpep_parity.checks.world import RankResult, WorldFailure, get_world
 
 
 @dataclass
@@ -128,7 +127,7 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
     other experts than the float64 truth, and another choice away from a tie fails exactly (its rows are
     still judged, so their parity failure shows the size of the damage). Without it, every near-tie row is
     excused (the truth alone cannot tell whether it flipped)."""
-    from fixtures.specs import sparse_layers
+    from dpep_parity.fixtures.specs import sparse_layers
     sp = sparse_layers(config)
     layer_ids = [i for i, s in enumerate(sp) if s] if unit == "model" else ([layer] if sp[layer] else [])
     n = sum(batch.tokens_per_dp())

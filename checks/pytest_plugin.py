@@ -7,7 +7,7 @@ choose with --hypothesis-profile or DPEP_PROFILE, and DPEP_MAX_EXAMPLES always s
 marker tags the production-size tier (property_tests/test_gpu.py), which skips without CUDA.
 
 Installed (pip), pytest loads it by itself; from an engine's repository, name it and the tests:
-`python -m pytest -p dpep --pyargs property_tests.test_parity`. A plain checkout loads it from the root
+`python -m pytest -p dpep --pyargs dpep_parity.property_tests.test_parity`. A plain checkout loads it from the root
 conftest.py. Nothing here may rely on this repository's pyproject.toml (testpaths, addopts): from another
 rootdir it does not apply.
 """
@@ -16,9 +16,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from dpep_parity.checks import profiles
 from hypothesis import settings
-
-from checks import profiles
 
 # At import, before hypothesis's own plugin reads --hypothesis-profile in its pytest_configure: DPEP_PROFILE
 # (or ci) is the base that hypothesis's options then build on.
@@ -41,11 +40,11 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(trylast=True)   # after hypothesis's plugin has loaded --hypothesis-profile
 def pytest_configure(config):
-    from checks.suite_options import problems
+    from dpep_parity.checks.suite_options import problems
     bad = problems(config.getoption("--target"), config.getoption("--world-sizes"), config.getoption("--dtypes"),
                    config.getoption("--models"), config.getoption("--deadline")) + profiles.problems()
     if config.getoption("--device") == "cuda" and not hasattr(config, "workerinput"):
-        from checks.gpus import visible_gpus
+        from dpep_parity.checks.gpus import visible_gpus
         if not visible_gpus():   # read with nvidia-smi: nothing initializes CUDA in the controller
             bad.append("--device cuda: no GPU is visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES is "
                        "empty); use --device cpu, or auto to take GPUs when there are some")
@@ -57,7 +56,7 @@ def pytest_configure(config):
     device = config.getoption("--device")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if device in ("cuda", "auto") and worker:
-        from checks.gpus import assign_worker_gpus
+        from dpep_parity.checks.gpus import assign_worker_gpus
         assign_worker_gpus(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
@@ -73,10 +72,10 @@ def pytest_report_header(config):
 def device_header(device: str, sizes: list[int], config) -> str:
     """Which GPUs each test process gets and which backend each world size uses (checks.world), read
     with nvidia-smi: nothing initializes CUDA in the controller."""
-    from checks.world import describe_backends
+    from dpep_parity.checks.world import describe_backends
     if device == "cpu":
         return "dpep worlds: " + describe_backends(sizes, 0)
-    from checks.gpus import visible_gpus, worker_slice
+    from dpep_parity.checks.gpus import visible_gpus, worker_slice
     gpus = visible_gpus()
     if not gpus:
         return "dpep worlds: --device auto, no GPU visible: " + describe_backends(sizes, 0)

@@ -15,8 +15,7 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
-
-from checks.batches import DTYPES, Batch
+from dpep_parity.checks.batches import DTYPES, Batch
 
 
 @dataclass

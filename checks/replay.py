@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from checks.batches import DTYPES, parse_batch
-from checks.parity import run_example
-from checks.topology import Layout
+from dpep_parity.checks.batches import DTYPES, parse_batch
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.topology import Layout
 
 
 def main(argv=None) -> int:
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     bad = _problems(a)
     if bad:     # a usage error (exit 2) before any rank starts, every problem at once
         ap.error("\n  ".join(["the example cannot run:", *bad]))
-    from fixtures.build import fixture_path
+    from dpep_parity.fixtures.build import fixture_path
     res = run_example(a.target, a.unit, str(fixture_path(a.fixture)), a.layout, a.batch, a.dtype, a.layer,
                       a.device, a.deadline, layout_reference=a.precision)
     if res.skipped:
@@ -54,9 +54,9 @@ def _checked(parse):
 
 
 def _problems(a) -> list[str]:
-    from checks.targets.protocol import resolve
-    from checks.topology import layout_violations
-    from fixtures.specs import FIXTURES, fixture_config
+    from dpep_parity.checks.targets.protocol import resolve
+    from dpep_parity.checks.topology import layout_violations
+    from dpep_parity.fixtures.specs import FIXTURES, fixture_config
 
     out = []
     if a.fixture not in FIXTURES:

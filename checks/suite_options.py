@@ -7,9 +7,9 @@ pytest.UsageError.
 """
 from __future__ import annotations
 
-from checks.batches import DTYPES
-from checks.topology import Layout, layout_violations, valid_layouts
-from fixtures.specs import FIXTURES, fixture_config
+from dpep_parity.checks.batches import DTYPES
+from dpep_parity.checks.topology import Layout, layout_violations, valid_layouts
+from dpep_parity.fixtures.specs import FIXTURES, fixture_config
 
 
 def problems(target: str, world_sizes: str, dtypes: str, models: str, deadline: float) -> list[str]:
@@ -40,7 +40,7 @@ def problems(target: str, world_sizes: str, dtypes: str, models: str, deadline: 
     if not deadline > 0:
         out.append(f"--deadline must be positive seconds, got {deadline}")
 
-    from checks.targets.protocol import resolve
+    from dpep_parity.checks.targets.protocol import resolve
     try:
         resolve(target)
     except ValueError as e:

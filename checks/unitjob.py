@@ -8,16 +8,15 @@ import functools
 from dataclasses import dataclass
 
 import torch
-
-from checks.batches import DTYPES, Batch, Request, seq_inputs, seq_token_ids
-from checks.poison import poisoned
-from checks.targets.protocol import BuildEnv, Groups, Serving, Step, resolve
-from checks.topology import Layout
+from dpep_parity.checks.batches import DTYPES, Batch, Request, seq_inputs, seq_token_ids
+from dpep_parity.checks.poison import poisoned
+from dpep_parity.checks.targets.protocol import BuildEnv, Groups, Serving, Step, resolve
+from dpep_parity.checks.topology import Layout
 
 
 @functools.lru_cache(maxsize=4)
 def load_weights(model_dir: str):
-    from fixtures.build import load_checkpoint
+    from dpep_parity.fixtures.build import load_checkpoint
     return load_checkpoint(model_dir)
 
 

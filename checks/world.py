@@ -22,8 +22,8 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
-from checks import transport
-from checks.recorder import Record, mismatches
+from dpep_parity.checks import transport
+from dpep_parity.checks.recorder import Record, mismatches
 
 
 class WorldFailure(AssertionError):
@@ -322,7 +322,7 @@ class RankContext:
 
 
 def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
-    from checks import transport
+    from dpep_parity.checks import transport
 
     def send(msg):
         conn.send_bytes(transport.dumps(msg))
@@ -343,7 +343,7 @@ def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size,
                                 timeout=timedelta(seconds=max(timeout_s, 30)))
-        from checks.recorder import Recorder
+        from dpep_parity.checks.recorder import Recorder
         rec = Recorder(send)
         rec.install()
         ctx = RankContext(rank, size, device, backend, {}, rec)

@@ -10,7 +10,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(prog="python -m evals", description="Accuracy-parity sign-off")
     sub = parser.add_subparsers(dest="command", required=True)
-    from evals.signoff import add_arguments, run
+    from dpep_parity.evals.signoff import add_arguments, run
 
     add_arguments(sub.add_parser("signoff", help="run the matrix, gate it, write the report"))
     args = parser.parse_args(argv)

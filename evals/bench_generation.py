@@ -28,13 +28,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import torch
-
-    from checks.topology import Layout
-    from evals.data import load_data
-    from evals.engines import open_lm
-    from evals.matrix import Config, resolve_model
-    from evals.samples import build_gsm8k, select_gsm8k
-    from evals.tasks import TaskSet
+    from dpep_parity.checks.topology import Layout
+    from dpep_parity.evals.data import load_data
+    from dpep_parity.evals.engines import open_lm
+    from dpep_parity.evals.matrix import Config, resolve_model
+    from dpep_parity.evals.samples import build_gsm8k, select_gsm8k
+    from dpep_parity.evals.tasks import TaskSet
 
     torch.set_num_threads(1)
     data = load_data(a.data_dir, ("gsm8k",))

@@ -86,7 +86,7 @@ def validate_rows(task: str, split: str, rows: list, origin: str) -> None:
 
 
 def validate_mmlu_splits(test: list[dict], dev: list[dict], origin: str) -> None:
-    from evals.tasks import MMLU_SUBJECTS
+    from dpep_parity.evals.tasks import MMLU_SUBJECTS
 
     missing = sorted(set(MMLU_SUBJECTS) - {r["subject"] for r in test})
     if missing:
@@ -156,8 +156,7 @@ def load_hub(tasks: tuple[str, ...] = TASKS) -> EvalData:
 
 def _load_hub(tasks: tuple[str, ...]) -> EvalData:
     import datasets
-
-    from evals.tasks import MMLU_SUBJECTS
+    from dpep_parity.evals.tasks import MMLU_SUBJECTS
 
     data = EvalData(source="hub")
     if "mmlu" in tasks:

@@ -31,10 +31,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-
-from checks.numerics import FACTOR
-from evals import stats
-from evals.matrix import GateSettings
+from dpep_parity.checks.numerics import FACTOR
+from dpep_parity.evals import stats
+from dpep_parity.evals.matrix import GateSettings
 
 LETTERS = "ABCD"
 ORDER = {"PASS": 0, "INCONCLUSIVE": 1, "FAIL": 2}

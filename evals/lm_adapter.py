@@ -34,7 +34,7 @@ class ForwardEngineLM(TemplateLM):
         if engine is None:
             if pretrained is None:
                 raise ValueError("dpep-forward needs an engine or pretrained=<model dir>")
-            from evals.engines.hf_local import HFForwardEngine
+            from dpep_parity.evals.engines.hf_local import HFForwardEngine
 
             engine = HFForwardEngine(pretrained, dtype)
         model_dir = pretrained or getattr(engine, "model_dir", None)

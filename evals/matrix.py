@@ -27,8 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
-
-from checks.serving.scheduler import POLICIES
+from dpep_parity.checks.serving.scheduler import POLICIES
 
 ENGINES = ("inproc", "openai", "sglang")
 SERVING_MODES = ("continuous", "prefill")
@@ -312,7 +311,7 @@ def resolve_model(spec: str, engine: str, base: Path | None) -> str:
     if spec.startswith("fixture:"):
         name = spec.split(":", 1)[1]
         try:
-            from fixtures.build import fixture_path  # lazy: a colleague's module
+            from dpep_parity.fixtures.build import fixture_path  # lazy: a colleague's module
         except ImportError as e:
             raise ValueError(f"model {spec!r} needs fixtures.build.fixture_path, which cannot be "
                              f"imported yet ({e})") from None

@@ -5,7 +5,7 @@ import json
 import math
 from pathlib import Path
 
-from evals.data import REPO_ROOT
+from dpep_parity.evals.data import REPO_ROOT
 
 COLLEAGUE_REPORTS = ("property-suite.json", "kill-table.json")
 TABLE_HEAD = ("| configuration | n | accuracy (SE) | delta vs baseline [95% bootstrap CI] | b / c "

@@ -10,12 +10,11 @@ import contextlib
 import sys
 from pathlib import Path
 
+from dpep_parity.evals.cache import SampleCache, ServingStats, fingerprint
+from dpep_parity.evals.engines import open_lm
+from dpep_parity.evals.samples import Sample, run_chunk
+from dpep_parity.evals.tasks import TaskSet
 from tqdm import tqdm
-
-from evals.cache import SampleCache, ServingStats, fingerprint
-from evals.engines import open_lm
-from evals.samples import Sample, run_chunk
-from evals.tasks import TaskSet
 
 
 def run_config(config, samples: dict[str, list[Sample]], taskset: TaskSet, out_dir: Path,

@@ -10,9 +10,9 @@ import functools
 import random
 from dataclasses import dataclass, field
 
-from evals.cache import sha256_json
-from evals.data import gsm8k_gold
-from evals.tasks import MMLU_SUBJECTS, TaskSet
+from dpep_parity.evals.cache import sha256_json
+from dpep_parity.evals.data import gsm8k_gold
+from dpep_parity.evals.tasks import MMLU_SUBJECTS, TaskSet
 
 DEFAULT_SEED = 1234
 

@@ -14,9 +14,9 @@ import time
 import traceback
 from pathlib import Path
 
-from evals.data import DataError, check_data_dir, load_data
-from evals.engines.base import EngineError
-from evals.matrix import MatrixError, load_matrix, resolve_models
+from dpep_parity.evals.data import DataError, check_data_dir, load_data
+from dpep_parity.evals.engines.base import EngineError
+from dpep_parity.evals.matrix import MatrixError, load_matrix, resolve_models
 
 DEFAULT_MATRIX = Path(__file__).resolve().parent / "configs" / "fixture-default.toml"
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_ENGINE, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -54,7 +54,7 @@ def _err(msg: str) -> None:
 
 def validate(args) -> tuple:
     """Everything that can be checked before work starts; raises MatrixError/DataError/EngineError."""
-    from evals.engines.inproc import check_available
+    from dpep_parity.evals.engines.inproc import check_available
 
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     bad = [t for t in tasks if t not in ("mmlu", "gsm8k")]
@@ -117,8 +117,8 @@ def unreachable(base_url: str, timeout_s: float = 3.0) -> str | None:
 
 
 def prepare_samples(args, tasks, data):
-    from evals.samples import build_gsm8k, build_mmlu, select_gsm8k, select_mmlu
-    from evals.tasks import TaskSet
+    from dpep_parity.evals.samples import build_gsm8k, build_mmlu, select_gsm8k, select_mmlu
+    from dpep_parity.evals.tasks import TaskSet
 
     taskset = TaskSet(data, max_gen_toks=args.max_gen_toks)
     samples = {}
@@ -155,7 +155,7 @@ def truth_config(matrix, tasks):
 
 def config_row(c, tasks, verdict, args, role: str | None = None) -> dict:
     """A configuration as the report lists it, with its engine's step counters over `tasks`."""
-    from evals.runner import serving_stats
+    from dpep_parity.evals.runner import serving_stats
 
     row = {"name": c.name, "layout": c.layout, "engine": c.engine, "target": c.target or c.factory,
            "model": c.model_path, "dtype": c.dtype, "verdict": verdict,
@@ -176,9 +176,9 @@ def run(args) -> int:
     except (MatrixError, DataError, EngineError) as e:
         _err(str(e))
         return EXIT_INPUT
-    from evals import gate as G
-    from evals import report
-    from evals.runner import run_config
+    from dpep_parity.evals import gate as G
+    from dpep_parity.evals import report
+    from dpep_parity.evals.runner import run_config
 
     gs = matrix.gate
     base = matrix.baseline

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-
-from evals import gate as G
-from evals import stats
-from evals.matrix import GateSettings
+from dpep_parity.evals import gate as G
+from dpep_parity.evals import stats
+from dpep_parity.evals.matrix import GateSettings
 
 N_SUBJECTS = 57            # MMLU subjects; the seeded subset spreads items over all of them
 MMLU_ACC, GSM8K_ACC, GOLD_ACC = 0.45, 0.3, 0.6     # baseline accuracies (the levels barely matter)

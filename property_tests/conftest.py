@@ -3,8 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-
-from fixtures.specs import FIXTURES
+from dpep_parity.fixtures.specs import FIXTURES
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.topology import Layout, valid_layouts
+from dpep_parity.fixtures.specs import FIXTURES, fixture_config
 from hypothesis import strategies as st
-
-from checks.batches import Batch, Request
-from checks.topology import Layout, valid_layouts
-from fixtures.specs import FIXTURES, fixture_config
 
 
 @dataclass(frozen=True)

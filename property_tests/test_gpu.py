@@ -17,20 +17,19 @@ from __future__ import annotations
 import os
 
 import pytest
+from dpep_parity.checks.batches import Batch
+from dpep_parity.checks.batches import Request as R
+from dpep_parity.checks.bench_gpu import evict_if_needed
+from dpep_parity.checks.numerics import PrecisionPool
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.topology import Layout, valid_layouts
+from dpep_parity.fixtures.build import fixture_path
+from dpep_parity.fixtures.large import DRYRUN_FIXTURES, LARGE_FIXTURES
+from dpep_parity.property_tests import search
+from dpep_parity.property_tests.pooled import HALF, pooled_precision
+from dpep_parity.property_tests.strategies import Example
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from checks.batches import Batch
-from checks.batches import Request as R
-from checks.bench_gpu import evict_if_needed
-from checks.numerics import PrecisionPool
-from checks.parity import run_example
-from checks.topology import Layout, valid_layouts
-from fixtures.build import fixture_path
-from fixtures.large import DRYRUN_FIXTURES, LARGE_FIXTURES
-from property_tests import search
-from property_tests.pooled import HALF, pooled_precision
-from property_tests.strategies import Example
 
 pytestmark = pytest.mark.gpu
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
-from checks.batches import MAX_LEN, SUM_LEN, Batch, padding_mode
-from checks.batches import Request as R
-from checks.parity import run_example
-from checks.targets.protocol import UNITS, known_failure, resolve
-from checks.topology import Layout
-from fixtures.build import fixture_path
-from fixtures.specs import FIXTURES
-from property_tests.strategies import Example, layouts_for
+from dpep_parity.checks.batches import MAX_LEN, SUM_LEN, Batch, padding_mode
+from dpep_parity.checks.batches import Request as R
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.targets.protocol import UNITS, known_failure, resolve
+from dpep_parity.checks.topology import Layout
+from dpep_parity.fixtures.build import fixture_path
+from dpep_parity.fixtures.specs import FIXTURES
+from dpep_parity.property_tests.strategies import Example, layouts_for
 
 CASES = [(f, lay) for f in sorted(FIXTURES) for lay in layouts_for(f, (1, 2, 4))]
 

@@ -11,17 +11,16 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from dpep_parity.checks.batches import Batch
+from dpep_parity.checks.batches import Request as R
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.targets.protocol import known_failure, resolve, skip_reason
+from dpep_parity.checks.topology import Layout
+from dpep_parity.fixtures.build import fixture_path
+from dpep_parity.property_tests import search
+from dpep_parity.property_tests.strategies import Example, examples
 from hypothesis import given
 from hypothesis import strategies as st
-
-from checks.batches import Batch
-from checks.batches import Request as R
-from checks.parity import run_example
-from checks.targets.protocol import known_failure, resolve, skip_reason
-from checks.topology import Layout
-from fixtures.build import fixture_path
-from property_tests import search
-from property_tests.strategies import Example, examples
 
 E = Example
 

@@ -18,26 +18,25 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.targets.protocol import known_failure, resolve, skip_reason
+from dpep_parity.fixtures.build import fixture_path
+from dpep_parity.fixtures.specs import FIXTURES
+from dpep_parity.property_tests.pooled import HALF, pooled_precision
+from dpep_parity.property_tests.strategies import Example, layouts_for
 from hypothesis import strategies as st
-
-from checks.batches import Batch, Request
-from checks.parity import run_example
-from checks.targets.protocol import known_failure, resolve, skip_reason
-from fixtures.build import fixture_path
-from fixtures.specs import FIXTURES
-from property_tests.pooled import HALF, pooled_precision
-from property_tests.strategies import Example, layouts_for
 
 LONG = (64, 200)   # long prefixes: a position x frequency rounded to bfloat16 (8 significant bits) is off by up to pos / 512 rad
 
 
 @st.composite
 def busy_batches(draw, dp: int) -> Batch:
-    """Every DP rank extends 2-4 requests of 4-12 tokens after a short or a long prefix: at least 8 tokens
+    """Every DP rank extends 2-4 requests of 16-32 tokens after a short or a long prefix: at least 32 tokens
     per DP rank even in the simplest example hypothesis draws first."""
     def request():
         prefix = draw(st.one_of(st.integers(0, 4), st.integers(*LONG)))
-        return Request(prefix, draw(st.integers(4, 12)))
+        return Request(prefix, draw(st.integers(16, 32)))
     per = tuple(tuple(request() for _ in range(draw(st.integers(2, 4)))) for _ in range(dp))
     return Batch(per, draw(st.integers(0, 2**16)))
 

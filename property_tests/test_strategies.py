@@ -3,11 +3,10 @@ does with find_any). A strategy that cannot produce them would let every propert
 from __future__ import annotations
 
 import pytest
+from dpep_parity.checks.batches import DECODE, IDLE, MAX_LEN, padding_mode
+from dpep_parity.fixtures.specs import FIXTURES
+from dpep_parity.property_tests.strategies import batches, examples
 from hypothesis import find, settings
-
-from checks.batches import DECODE, IDLE, MAX_LEN, padding_mode
-from fixtures.specs import FIXTURES
-from property_tests.strategies import batches, examples
 
 SEARCH = settings(max_examples=2000, derandomize=True, database=None)
 

@@ -6,10 +6,10 @@ the number of near-tie rows excused. Used for the figures in docs/property-suite
 """
 import time
 
-from checks.batches import Batch, Request
-from checks.parity import run_example
-from checks.topology import Layout
-from fixtures.build import fixture_path
+from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.topology import Layout
+from dpep_parity.fixtures.build import fixture_path
 
 LAYOUTS = [Layout(1), Layout(2), Layout(2, 2, 1), Layout(2, 2, 2), Layout(4, 2, 2), Layout(4, 4, 4),
            Layout(4, 1, 2), Layout(4, 2, 1)]

@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.topology import Layout
 
-from checks.batches import Batch, Request
-from checks.topology import Layout
+from dpep_parity import own_module
 
 UNITS = ("moe", "attention", "decoder", "model")
-ALIASES = {"spec": "checks.targets.spec:SPEC", "sglang": "checks.targets.sglang:TARGET"}
+ALIASES = {"spec": "dpep_parity.checks.targets.spec:SPEC", "sglang": "dpep_parity.checks.targets.sglang:TARGET"}
 
 
 @dataclass
@@ -125,7 +126,7 @@ def resolve(spec: str | Any) -> Any:
         raise ValueError(f"target {spec!r}: expected 'package.module:object' or one of {sorted(ALIASES)}")
     mod, _, attr = spec.partition(":")
     try:
-        obj = getattr(importlib.import_module(mod), attr)
+        obj = getattr(importlib.import_module(own_module(mod)), attr)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"cannot load target {spec!r}: {e}") from e
     obj = obj() if isinstance(obj, type) else obj

@@ -14,10 +14,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from dpep_parity.checks.batches import SUM_LEN, ceil_align, padding_mode
+from dpep_parity.checks.targets.protocol import UNITS, BuildEnv, Step, to_cpu
 from torch.nn.utils.rnn import pad_sequence
-
-from checks.batches import SUM_LEN, ceil_align, padding_mode
-from checks.targets.protocol import UNITS, BuildEnv, Step, to_cpu
 
 
 def _half_on_cpu(x: torch.Tensor) -> bool:
@@ -553,7 +552,7 @@ class SpecTarget:
 def run_model(m: SpecModel, step: Step) -> dict:
     """Prefix forward (fills the KV cache; ranks without prefix are idle in it), then the extend forward.
     In a serving session the prefix comes from the session's cache instead (serve_step)."""
-    from checks.batches import Batch, Request
+    from dpep_parity.checks.batches import Batch, Request
     if step.serving is not None:
         return serve_step(m, step)
     kv: dict = {}

@@ -26,7 +26,7 @@ class ReduceOnRole:
     idle: int = -1
 
     def __call__(self, ctx):
-        from checks.unitjob import make_groups
+        from dpep_parity.checks.unitjob import make_groups
         groups = make_groups(ctx, self.layout)
         if ctx.rank != self.idle:
             dist.all_reduce(torch.ones(2), group=getattr(groups, self.role))

@@ -2,7 +2,7 @@
 accounts for skipped examples."""
 from __future__ import annotations
 
-from checks.targets.spec import SpecTarget
+from dpep_parity.checks.targets.spec import SpecTarget
 
 
 class DpOneOnly(SpecTarget):

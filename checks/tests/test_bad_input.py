@@ -50,8 +50,8 @@ CASES = {
 
 
 def run(argv: list[str], env: dict, tmp: Path) -> tuple[int, str, list[str]]:
-    from evals.data import default_data_dir
-    from evals.engines.sglang_server import free_port  # a port nothing listens on once it returns
+    from dpep_parity.evals.data import default_data_dir
+    from dpep_parity.evals.engines.sglang_server import free_port  # a port nothing listens on once it returns
     port, log = free_port(), tmp / "ranks.log"
     fill = {"tmp": str(tmp), "data": str(default_data_dir()), "port": str(port)}
     matrix = [a for a in argv if a.startswith("#matrix:")]

@@ -9,8 +9,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from dpep_parity.checks import cli
 
-from checks import cli
+from dpep_parity import own_module
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "numpy", "hypothesis", "transformers", "lm_eval")
@@ -59,7 +60,7 @@ def test_arguments_pass_through_unchanged_and_the_exit_code_comes_back(tmp_path,
 
 
 def test_every_subcommand_module_exists_and_the_script_is_declared():
-    missing = [m for m, _, _ in cli.COMMANDS.values() if importlib.util.find_spec(m) is None]
+    missing = [m for m, _, _ in cli.COMMANDS.values() if importlib.util.find_spec(own_module(m)) is None]
     assert not missing
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["dpep"] == "checks.cli:main"
+    assert project["scripts"]["dpep"] == "dpep_parity.checks.cli:main"

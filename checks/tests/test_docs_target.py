@@ -6,12 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
-
-from checks.batches import Batch, Request
-from checks.parity import run_example
-from checks.topology import Layout
-from checks.world import close_all
-from fixtures.build import fixture_path
+from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.world import close_all
+from dpep_parity.fixtures.build import fixture_path
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "targets.md"
 

@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
-from checks.killtable import ROOT, classify, junit_failures, properties_in
-from checks.mutants import CATALOG
+from dpep_parity.checks.killtable import ROOT, classify, junit_failures, properties_in
+from dpep_parity.checks.mutants import CATALOG
 
 PARITY_FAIL = ("AssertionError: moe tp4-dp2-ep2 float32 batch[dp0:0+3 seed=7]\n"
                "E   [parity] 8 of 8 rows beyond the bound\nE   [routing] rank 2: layer 1 routed to experts [1, 3]")
@@ -56,7 +55,7 @@ def test_junit_failures_tell_failures_from_errors(tmp_path):
 
 
 def test_every_catalog_mutant_declares_known_properties():
-    from checks.killtable import PROPERTIES
+    from dpep_parity.checks.killtable import PROPERTIES
     for m in CATALOG.values():
         assert m.kills and set(m.kills) <= set(PROPERTIES), m.id
 

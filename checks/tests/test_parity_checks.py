@@ -3,11 +3,10 @@ table: greedy tokens and collective discipline from the records."""
 from __future__ import annotations
 
 import torch
-
-from checks.parity import collective_discipline, greedy_check
-from checks.recorder import Record
-from checks.topology import Layout
-from checks.world import RankResult
+from dpep_parity.checks.parity import collective_discipline, greedy_check
+from dpep_parity.checks.recorder import Record
+from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.world import RankResult
 
 
 def _logits():
@@ -53,9 +52,9 @@ def test_collective_discipline_flags_mismatch_and_skip():
 def test_routing_flip_away_from_a_tie_is_judged_not_excused():
     """A target that reports other experts than one device on a decided row fails the routing check and
     keeps that row under the parity check; only a flip on a near-tie row excuses it."""
-    from checks.batches import Batch, Request
-    from checks.parity import routing_analysis
-    from checks.reference import UnitRef
+    from dpep_parity.checks.batches import Batch, Request
+    from dpep_parity.checks.parity import routing_analysis
+    from dpep_parity.checks.reference import UnitRef
     probs = torch.tensor([[0.50, 0.30, 0.15, 0.05],       # row 0: top-2 {0, 1}, decided
                           [0.40, 0.30, 0.30 - 1e-12, 0.0]],  # row 1: experts 1 and 2 tie for place 2
                          dtype=torch.float64)
@@ -80,9 +79,9 @@ def test_routing_flip_away_from_a_tie_is_judged_not_excused():
 def test_a_parity_failure_with_routing_away_from_ties_names_routing_as_the_likely_cause():
     """B03 (heads duplicated) routes decided rows elsewhere: the rows stay judged (no '|sut|/|truth| = nan' pass
     on excused rows), parity fails, and its message points at the routing difference."""
-    from checks.batches import Batch, Request
-    from checks.parity import run_example
-    from fixtures.build import fixture_path
+    from dpep_parity.checks.batches import Batch, Request
+    from dpep_parity.checks.parity import run_example
+    from dpep_parity.fixtures.build import fixture_path
     batch = Batch(((Request(4, 1), Request(2, 1), Request(5, 1)), (Request(3, 1),)), 5)
     res = run_example("checks.mutants:B03", "moe", str(fixture_path("qwen3-moe")), Layout(4, 2, 2), batch,
                       "float32", 1)

@@ -1,5 +1,5 @@
 """The suite's pytest plugin (checks/pytest_plugin.py) outside this repository: from an empty directory, with
-none of pyproject.toml's pytest settings in force, `-p dpep --pyargs property_tests.test_parity` runs a pinned
+none of pyproject.toml's pytest settings in force, `-p dpep --pyargs dpep_parity.property_tests.test_parity` runs a pinned
 example on the spec target; bad options are still a usage error; and inside the repository the root conftest
 loads the plugin exactly once, whether or not pytest already has it.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = "checks.pytest_plugin"
+MODULE = "dpep_parity.checks.pytest_plugin"
 ONE_PIN = "moe_pinned and noshared"   # one pinned example, two ranks: seconds
 
 
@@ -46,7 +46,7 @@ def test_the_entry_point_is_the_plugin_module():
 
 
 def test_pinned_examples_run_from_an_empty_directory(tmp_path, site):
-    p = pytest_run(["-p", "dpep", "--pyargs", "property_tests.test_parity", "-k", ONE_PIN], tmp_path, site)
+    p = pytest_run(["-p", "dpep", "--pyargs", "dpep_parity.property_tests.test_parity", "-k", ONE_PIN], tmp_path, site)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     assert "1 passed" in out, out[-3000:]
@@ -59,7 +59,7 @@ def test_pinned_examples_run_from_an_empty_directory(tmp_path, site):
 
 def test_a_bad_target_from_an_empty_directory_is_a_usage_error(tmp_path, site):
     """Negative control of the run above: the plugin's options are checked, not merely accepted."""
-    p = pytest_run(["-p", "dpep", "--pyargs", "property_tests.test_parity", "--target", "nonexistent.module:X"],
+    p = pytest_run(["-p", "dpep", "--pyargs", "dpep_parity.property_tests.test_parity", "--target", "nonexistent.module:X"],
                    tmp_path, site)
     out = p.stdout + p.stderr
     assert p.returncode == 4, out[-3000:]

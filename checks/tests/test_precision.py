@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from checks.mutants import NormInActivationDtype, RopeAnglesInActivationDtype
-from checks.numerics import BIAS_MIN_ROWS, PRECISION_Z, PrecisionPool, precision_sample
-from checks.targets.spec import SpecModel, rms_norm
+from dpep_parity.checks.mutants import NormInActivationDtype, RopeAnglesInActivationDtype
+from dpep_parity.checks.numerics import BIAS_MIN_ROWS, PRECISION_Z, PrecisionPool, precision_sample
+from dpep_parity.checks.targets.spec import SpecModel, rms_norm
 
 ROOT = Path(__file__).resolve().parents[2]
 EPS = 1e-6

@@ -6,11 +6,10 @@ import warnings
 
 import pytest
 import torch
-
-from checks.batches import Batch, Request, seq_inputs, seq_token_ids
-from checks.reference import Oracle
-from fixtures.build import fixture_path
-from fixtures.specs import FIXTURES, sparse_layers
+from dpep_parity.checks.batches import Batch, Request, seq_inputs, seq_token_ids
+from dpep_parity.checks.reference import Oracle
+from dpep_parity.fixtures.build import fixture_path
+from dpep_parity.fixtures.specs import FIXTURES, sparse_layers
 
 # three DP ranks: an extend request and a request with a cached prefix, an idle rank, a 2+4 request
 BATCH = Batch(((Request(0, 5), Request(3, 1)), (), (Request(2, 4),)), seed=11)

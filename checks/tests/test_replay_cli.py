@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
-from checks import replay
-from checks.batches import Request, parse_batch
-from checks.topology import Layout
+from dpep_parity.checks import replay
+from dpep_parity.checks.batches import Request, parse_batch
+from dpep_parity.checks.topology import Layout
 
 BASE = ["--unit", "moe", "--fixture", "qwen3-moe", "--layout", "tp2-dp2-ep2", "--batch", "dp0:0+5 dp1:idle seed=7"]
 

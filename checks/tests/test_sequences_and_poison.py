@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dpep_parity.checks import profiles
+from dpep_parity.checks.batches import Batch
+from dpep_parity.checks.batches import Request as R
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.poison import poisoned
+from dpep_parity.checks.topology import Layout
+from dpep_parity.fixtures.build import fixture_path
+from dpep_parity.property_tests.conftest import SuiteOptions
+from dpep_parity.property_tests.test_stateful import ForwardSequence
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-
-from checks import profiles
-from checks.batches import Batch
-from checks.batches import Request as R
-from checks.parity import run_example
-from checks.poison import poisoned
-from checks.topology import Layout
-from fixtures.build import fixture_path
-from property_tests.conftest import SuiteOptions
-from property_tests.test_stateful import ForwardSequence
 
 NO_SHRINK = [Phase.explicit, Phase.generate]
 

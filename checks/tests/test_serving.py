@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from checks import numerics
-from checks.serving.engine import ServingEngine
-from checks.serving.scheduler import Scheduler, ServeRequest
-from fixtures.build import fixture_path
+from dpep_parity.checks import numerics
+from dpep_parity.checks.serving.engine import ServingEngine
+from dpep_parity.checks.serving.scheduler import Scheduler, ServeRequest
+from dpep_parity.fixtures.build import fixture_path
 
 VOCAB = 16
 
@@ -137,7 +136,7 @@ def _served(path, target, policy="round_robin", **kw):
 
 
 def _sglang_missing():
-    from checks.targets.sglang import unavailable_reason
+    from dpep_parity.checks.targets.sglang import unavailable_reason
 
     return unavailable_reason()
 

@@ -10,12 +10,11 @@ import subprocess
 import sys
 
 import pytest
-
-from checks.batches import parse_batch
-from checks.parity import run_example
-from checks.targets.sglang import unavailable_reason
-from checks.topology import Layout
-from fixtures.build import fixture_path
+from dpep_parity.checks.batches import parse_batch
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.targets.sglang import unavailable_reason
+from dpep_parity.checks.topology import Layout
+from dpep_parity.fixtures.build import fixture_path
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
@@ -48,7 +47,7 @@ def test_broken_sglang_steps_are_caught():
 
 
 F3_PROBE = """
-from checks.targets.sglang import cpu_shims
+from dpep_parity.checks.targets.sglang import cpu_shims
 cpu_shims.install_torchvision_standin()
 import inspect
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from checks.suite_options import problems
+from dpep_parity.checks.suite_options import problems
 
 ROOT = Path(__file__).resolve().parents[2]
 OK = dict(target="spec", world_sizes="1,2,4", dtypes="float32,bfloat16", models="", deadline=60.0)

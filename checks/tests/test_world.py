@@ -6,10 +6,9 @@ import os
 import time
 
 import pytest
-
-from checks.tests.jobs import RaiseOnRank, ShapeMismatch, SkipOnRank, Sleep, SumRanks
-from checks.tests.jobs_extra import PidAndSum
-from checks.world import World, WorldFailure
+from dpep_parity.checks.tests.jobs import RaiseOnRank, ShapeMismatch, SkipOnRank, Sleep, SumRanks
+from dpep_parity.checks.tests.jobs_extra import PidAndSum
+from dpep_parity.checks.world import World, WorldFailure
 
 
 def running(pid: int) -> bool:
@@ -127,8 +126,8 @@ def test_a_group_playing_several_roles_is_named_by_all_of_them():
     """Negative control: in tp4-dp4-ep4 the TP group and the MoE-EP group are one process group; a TP
     reduction used to be recorded (and a hang diagnosed) as 'all_reduce on moe_ep[0, 1, 2, 3]'. A role is
     named afresh per layout: tp4-dp2-ep1 reuses the same world group as tp and moe_tp."""
-    from checks.tests.jobs_extra import ReduceOnRole
-    from checks.topology import Layout
+    from dpep_parity.checks.tests.jobs_extra import ReduceOnRole
+    from dpep_parity.checks.topology import Layout
     with World(4, deadline_s=60) as w:
         res = w.run(ReduceOnRole(Layout(4, 4, 4), "tp"))
         assert {r.records[-1].group_name for r in res} == {"tp/moe_ep"}

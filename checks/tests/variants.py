@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
-from checks.batches import SUM_LEN
-from checks.targets.spec import SpecModel, SpecTarget
+from dpep_parity.checks.batches import SUM_LEN
+from dpep_parity.checks.targets.spec import SpecModel, SpecTarget
 
 
 class ExpertsReversed(SpecModel):

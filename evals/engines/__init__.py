@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from evals.engines.base import EngineError, ForwardEngine
+from dpep_parity.evals.engines.base import EngineError, ForwardEngine
 
 __all__ = ["EngineError", "ForwardEngine", "open_lm"]
 
@@ -13,8 +13,8 @@ __all__ = ["EngineError", "ForwardEngine", "open_lm"]
 def open_lm(config, max_gen_toks: int, log_dir: Path):
     """Yield an lm-eval LM for ``config``; the engine or server is always closed on exit."""
     if config.engine == "inproc":
-        from evals.engines.inproc import make_engine
-        from evals.lm_adapter import ForwardEngineLM
+        from dpep_parity.evals.engines.inproc import make_engine
+        from dpep_parity.evals.lm_adapter import ForwardEngineLM
 
         engine = make_engine(config)
         try:
@@ -23,14 +23,14 @@ def open_lm(config, max_gen_toks: int, log_dir: Path):
         finally:
             engine.close()
     elif config.engine == "openai":
-        from evals.engines.openai import make_openai_lm
+        from dpep_parity.evals.engines.openai import make_openai_lm
 
         yield make_openai_lm(config.base_url, config.served_model or config.model_path,
                              config.tokenizer or config.model_path, max_gen_toks,
                              max_length=config.max_length, num_concurrent=config.num_concurrent)
     elif config.engine == "sglang":
-        from evals.engines.openai import make_openai_lm
-        from evals.engines.sglang_server import SGLANG_LAUNCH, SGLangServer, log_tail
+        from dpep_parity.evals.engines.openai import make_openai_lm
+        from dpep_parity.evals.engines.sglang_server import SGLANG_LAUNCH, SGLangServer, log_tail
 
         server = SGLangServer(config.model_path, tp=config.tp, dp=config.dp, ep=config.ep,
                               dtype=config.dtype, log_path=Path(log_dir) / f"{config.name}.server.log",

@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from evals.engines.base import EngineError, ForwardEngine
+from dpep_parity.evals.engines.base import EngineError, ForwardEngine
+
+from dpep_parity import own_module
 
 HF_TARGET = "hf"
 
@@ -21,7 +23,7 @@ def import_object(spec: str):
     if not module or not attr:
         raise EngineError(f"{spec!r} is not of the form 'package.module:object'")
     try:
-        obj = importlib.import_module(module)
+        obj = importlib.import_module(own_module(module))
     except ImportError as e:
         raise EngineError(f"cannot import {module!r} for {spec!r}: {e}") from e
     for part in attr.split("."):
@@ -34,7 +36,7 @@ def import_object(spec: str):
 
 def serving_engine_available() -> bool:
     try:
-        return importlib.util.find_spec("checks.serving") is not None
+        return importlib.util.find_spec("dpep_parity.checks.serving") is not None
     except (ImportError, ValueError):
         return False
 
@@ -67,7 +69,7 @@ def layout_problems(config) -> list[str]:
     import json
     from pathlib import Path
 
-    from checks.topology import Layout, layout_violations
+    from dpep_parity.checks.topology import Layout, layout_violations
 
     try:
         model_cfg = json.loads((Path(config.model_path) / "config.json").read_text())
@@ -80,11 +82,11 @@ def make_engine(config) -> ForwardEngine:
     if config.factory:
         return import_object(config.factory)(config)
     if config.target == HF_TARGET:
-        from evals.engines.hf_local import HFForwardEngine
+        from dpep_parity.evals.engines.hf_local import HFForwardEngine
 
         return HFForwardEngine(config.model_path, config.dtype)
     try:
-        from checks.serving.engine import ServingEngine
+        from dpep_parity.checks.serving.engine import ServingEngine
     except ImportError as e:
         raise EngineError(
             f"config {config.name!r}: target {config.target!r} needs checks.serving.ServingEngine "

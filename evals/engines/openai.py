@@ -5,7 +5,7 @@ that echoes prompt log-probabilities (``echo=True, logprobs=1``), as SGLang and 
 """
 from __future__ import annotations
 
-from evals.engines.base import EngineError
+from dpep_parity.evals.engines.base import EngineError
 
 
 def completions_url(base_url: str) -> str:

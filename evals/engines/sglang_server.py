@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-from evals.engines.base import EngineError
+from dpep_parity.evals.engines.base import EngineError
 
 SGLANG_LAUNCH = (sys.executable, "-m", "sglang.launch_server")
 

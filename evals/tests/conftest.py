@@ -3,8 +3,7 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from evals.data import default_data_dir
+from dpep_parity.evals.data import default_data_dir
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -37,20 +36,20 @@ def _one_torch_thread():
 
 @pytest.fixture(scope="session")
 def eval_data(data_dir):
-    from evals.data import load_local
+    from dpep_parity.evals.data import load_local
 
     return load_local(data_dir)
 
 
 @pytest.fixture(scope="session")
 def taskset(eval_data):
-    from evals.tasks import TaskSet
+    from dpep_parity.evals.tasks import TaskSet
 
     return TaskSet(eval_data, max_gen_toks=8)
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory, data_dir):
-    from evals.tests.tiny_model import tiny_model_dir
+    from dpep_parity.evals.tests.tiny_model import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("model"), data_dir)

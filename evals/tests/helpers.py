@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import torch
-
-from evals.engines.hf_local import HFForwardEngine
+from dpep_parity.evals.engines.hf_local import HFForwardEngine
 
 CALLS = {"sequences": 0}   # sequences forwarded by every engine made here, across engines
 CRASH_AFTER: dict[str, int | None] = {"sequences": None}  # raise after this many sequences

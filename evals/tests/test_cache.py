@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import json
 
-from evals.cache import SampleCache, fingerprint
-from evals.matrix import Config
+from dpep_parity.evals.cache import SampleCache, fingerprint
+from dpep_parity.evals.matrix import Config
 
 
 def rec(i):

@@ -7,10 +7,9 @@ import re
 
 import pytest
 import yaml
-
-from evals.data import DataError, check_data_dir, gsm8k_gold, load_local
-from evals.samples import allocate, build_gsm8k, build_mmlu, select_gsm8k, select_mmlu
-from evals.tasks import MMLU_SUBJECTS, TaskSet
+from dpep_parity.evals.data import DataError, check_data_dir, gsm8k_gold, load_local
+from dpep_parity.evals.samples import allocate, build_gsm8k, build_mmlu, select_gsm8k, select_mmlu
+from dpep_parity.evals.tasks import MMLU_SUBJECTS, TaskSet
 
 MMLU_ROW = {"subject": "anatomy", "question": "q?", "choices": ["a", "b", "c", "d"], "answer": 1}
 GSM_ROW = {"question": "q?", "answer": "so 2\n#### 2"}
@@ -79,7 +78,7 @@ def test_gsm8k_first_item_is_janets_ducks(taskset):
     args = s.instances[0].arguments
     assert args[1]["until"] == ["Question:", "</s>", "<|im_end|>"] and args[1]["max_gen_toks"] == 8
     # lm-eval's strict and flexible filters read the gold answer text as 18
-    from evals.samples import score_gsm8k
+    from dpep_parity.evals.samples import score_gsm8k
 
     rec = score_gsm8k(taskset, s, s.doc["answer"].split("\n")[-1])
     assert rec["extracted"] == {"strict-match": "18", "flexible-extract": "18"}
@@ -124,7 +123,7 @@ def test_prompts_equal_lm_eval_builtin_tasks(taskset):
     splits = {sp: taskset.data.rows("gsm8k", sp) for sp in ("test", "train")}
     cfg["custom_dataset"] = lambda **_: taskset._dataset_dict(splits)
     ref = ConfigurableTask(config=cfg)
-    from evals.tasks import doc_seed
+    from dpep_parity.evals.tasks import doc_seed
 
     ref.sampler.set_rnd(doc_seed(5))
     ctx = ref.fewshot_context(ref.test_docs()[5], num_fewshot=5)
@@ -157,8 +156,7 @@ def test_prompt_hash_stable_and_sensitive(taskset, eval_data):
 def test_hub_path_loads_cais_mmlu_per_subject_and_openai_gsm8k(monkeypatch, eval_data):
     """No network here: stand in for datasets.load_dataset and check what the hub path asks for."""
     import datasets
-
-    from evals.data import load_data
+    from dpep_parity.evals.data import load_data
 
     calls = []
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from evals import gate as G
-from evals.matrix import GateSettings
+from dpep_parity.evals import gate as G
+from dpep_parity.evals.matrix import GateSettings
 
 
 def mmlu_records(preds, golds, subjects=None, lls=None):

@@ -15,11 +15,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from dpep_parity.evals import gate as G
+from dpep_parity.evals import stats
+from dpep_parity.evals.simulate import Scenario, Sizes, fast_gate, rates
 from scipy import stats as sps
-
-from evals import gate as G
-from evals import stats
-from evals.simulate import Scenario, Sizes, fast_gate, rates
 
 ALPHA = 0.05
 RUNS = 60

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import pytest
-
-from evals.matrix import MatrixError, load_matrix, parse, resolve_models
-from evals.signoff import DEFAULT_MATRIX
+from dpep_parity.evals.matrix import MatrixError, load_matrix, parse, resolve_models
+from dpep_parity.evals.signoff import DEFAULT_MATRIX
 
 
 def _problems(data) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from evals.__main__ import main
+from dpep_parity.evals.__main__ import main
 
 MATRIX = """
 [defaults]
@@ -79,9 +79,9 @@ def test_decode_only_fault_fails_served_and_passes_prefill_only(tmp_path, data_d
 def test_prefill_only_engine_keeps_the_models_context_window():
     """The prefill-only wrapper exposes the model directory, so the LM adapter cuts prompts at the model's
     context window as it does for the served engine (it once fell back to 4096 tokens: other prompts)."""
-    from evals.engines.inproc import PrefillOnly
-    from evals.lm_adapter import ForwardEngineLM
-    from fixtures.build import fixture_path
+    from dpep_parity.evals.engines.inproc import PrefillOnly
+    from dpep_parity.evals.lm_adapter import ForwardEngineLM
+    from dpep_parity.fixtures.build import fixture_path
 
     class Served:
         name, model_dir = "served", str(fixture_path("qwen2-moe-shared"))

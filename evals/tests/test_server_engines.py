@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from evals.engines.base import EngineError
-from evals.engines.openai import completions_url
-from evals.engines.sglang_server import SGLangServer, free_port, sglang_args
+from dpep_parity.evals.engines.base import EngineError
+from dpep_parity.evals.engines.openai import completions_url
+from dpep_parity.evals.engines.sglang_server import SGLangServer, free_port, sglang_args
 
 FAKE = str(Path(__file__).with_name("fake_sglang_server.py"))
 LAUNCH = [sys.executable, FAKE]
@@ -139,7 +138,7 @@ ep = 2
 launch = {json.dumps(LAUNCH)}
 health_timeout_s = 30
 """)
-        from evals.__main__ import main
+        from dpep_parity.evals.__main__ import main
 
         out = tmp_path / "o"
         rc = main(["signoff", "--matrix", str(m), "--data-dir", str(data_dir), "--out", str(out),

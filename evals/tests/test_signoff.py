@@ -4,9 +4,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from evals.__main__ import main
-from evals.tests import helpers
+from dpep_parity.evals.__main__ import main
+from dpep_parity.evals.tests import helpers
 
 LIMITS = ["--mmlu-limit", "40", "--gsm8k-limit", "5", "--max-gen-toks", "8", "--no-progress"]
 
@@ -202,7 +201,7 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path, tiny_model, data_dir,
 def test_a_dead_openai_server_is_bad_input_before_the_baseline_runs(tmp_path, tiny_model, data_dir, capsys):
     """An OpenAI-compatible engine on a closed port used to run the baseline first, then exit 3 ("rerun to
     resume"). Positive control: test_server_engines' sign-off against a live server."""
-    from evals.engines.sglang_server import free_port
+    from dpep_parity.evals.engines.sglang_server import free_port
     port = free_port()                          # nothing listens there once it returns
     m = tmp_path / "m.toml"
     m.write_text(f'[defaults]\nmodel = "{tiny_model}"\n[[config]]\nname = "base"\nbaseline = true\n'

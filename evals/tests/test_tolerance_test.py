@@ -14,10 +14,9 @@ import math
 
 import numpy as np
 import pytest
-
-from evals import gate as G
-from evals import stats
-from evals.matrix import GateSettings
+from dpep_parity.evals import gate as G
+from dpep_parity.evals import stats
+from dpep_parity.evals.matrix import GateSettings
 
 NOISE = 0.008   # nats: the mean reference-token error of the default fixture in bfloat16 (docs/evals.md)
 

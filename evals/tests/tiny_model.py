@@ -65,7 +65,7 @@ def tiny_model_dir(tmp_root: Path, data_dir: Path) -> Path:
     """The shared fixture ``qwen2-moe-shared`` when importable, else a tiny model built here."""
     if os.environ.get("DPEP_EVAL_TEST_OWN_MODEL") != "1":
         try:
-            from fixtures.build import fixture_path
+            from dpep_parity.fixtures.build import fixture_path
         except ImportError:
             pass
         else:

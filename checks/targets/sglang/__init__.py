@@ -15,7 +15,7 @@ import multiprocessing
 import sys
 from importlib import metadata
 
-from checks.targets.sglang import cpu_shims
+from dpep_parity.checks.targets.sglang import cpu_shims
 
 # Rank processes (spawned children of the suite's World) import this module to resolve the target, before
 # anything imports sglang: install the torchvision stand-in there. The parent process (pytest) never imports
@@ -69,18 +69,18 @@ class SGLangTarget:
         return self._units
 
     def known_failure(self, result, fixture, layer):
-        from checks.targets.sglang.findings import explained
+        from dpep_parity.checks.targets.sglang.findings import explained
         return explained(result, fixture, layer)
 
     def build(self, unit, env):
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(reason)
-        from checks.targets.sglang import session
+        from dpep_parity.checks.targets.sglang import session
         return session.build(unit, env)
 
     def run(self, built, step):
-        from checks.targets.sglang import units
+        from dpep_parity.checks.targets.sglang import units
         return units.run(built, step)
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-
-from checks.batches import DECODE, EXTEND, IDLE, Batch, Request
+from dpep_parity.checks.batches import DECODE, EXTEND, IDLE, Batch, Request
 
 
 class _RunnerStub:

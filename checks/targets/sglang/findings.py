@@ -1,6 +1,6 @@
 """Known SGLang 0.5.23 findings (docs/findings.md) as a predicate, for marking expected failures:
 
-    from checks.targets.sglang.findings import explained
+    from dpep_parity.checks.targets.sglang.findings import explained
     reason = explained(res, fixture)      # res: checks.parity.ParityResult
     if reason: pytest.xfail(reason)
 
@@ -11,7 +11,7 @@ with surplus rows (pad rows dispatched) under DP attention.
 """
 from __future__ import annotations
 
-from fixtures.specs import FIXTURES, sparse_layers
+from dpep_parity.fixtures.specs import FIXTURES, sparse_layers
 
 F1 = "sglang F1 (docs/findings.md): dense layer built as a MoE block, its weights dropped (B09)"
 F2 = "sglang F2 (docs/findings.md): padded rows dispatched to experts under DP attention (B11)"

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
-from checks.targets.sglang import SGLangTarget
+from dpep_parity.checks.targets.sglang import SGLangTarget
 
 
 def _patch_everywhere(module: str, name: str, make: Callable) -> Callable[[], None]:
@@ -116,7 +116,7 @@ class SGLangMutant(SGLangTarget):
         return None      # a mutant's failures are the point: never reported as SGLang's known findings
 
     def run(self, built, step):
-        from checks.targets.sglang import session
+        from dpep_parity.checks.targets.sglang import session
         session.session_for(built.env)          # SGLang imported and set up before its functions are patched
         with _patched(self.mutant):
             return super().run(built, step)

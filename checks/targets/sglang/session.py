@@ -23,9 +23,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-
-from checks.targets.protocol import BuildEnv
-from checks.targets.sglang import cpu_shims
+from dpep_parity.checks.targets.protocol import BuildEnv
+from dpep_parity.checks.targets.sglang import cpu_shims
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 ATTENTION_BACKEND = "torch_native"   # the one SGLang backend built from pools alone (docs/sglang.md)

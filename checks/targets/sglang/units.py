@@ -21,11 +21,16 @@ from __future__ import annotations
 import inspect
 
 import torch
-
-from checks.batches import Batch
-from checks.targets.protocol import BuildEnv, Step, to_cpu
-from checks.targets.sglang.batch import forward_batch, gathered_start, prefix_batch, request_rows, running
-from checks.targets.sglang.session import Handle, session_for
+from dpep_parity.checks.batches import Batch
+from dpep_parity.checks.targets.protocol import BuildEnv, Step, to_cpu
+from dpep_parity.checks.targets.sglang.batch import (
+    forward_batch,
+    gathered_start,
+    prefix_batch,
+    request_rows,
+    running,
+)
+from dpep_parity.checks.targets.sglang.session import Handle, session_for
 
 
 def run(h: Handle, step: Step) -> dict:
