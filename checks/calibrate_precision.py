@@ -2,7 +2,7 @@
 
 For each unit, the same deterministic examples (every DP rank busy, short and long prefixes, layouts of
 world sizes 1, 2 and 4, the fixtures in turn, bfloat16) run through the spec, its legitimate variants
-(checks/tests/variants.py: other expert orders, float32 expert accumulation, all-reduce as all-gather +
+(checks/variants.py: other expert orders, float32 expert accumulation, all-reduce as all-gather +
 a local sum in another rank order, reduce-scatter as all-reduce + slice) and the catalog's precision mutants.
 Printed per target and unit: the pooled mean log energy ratio against the largest legitimate error, its z
 over tokens, and the verdict. The model holds when every legitimate target passes with a mean below 0 and
@@ -21,7 +21,7 @@ from dpep_parity.checks.topology import valid_layouts
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.specs import FIXTURES, fixture_config
 
-LEGIT = ["spec"] + [f"checks.tests.variants:{v}" for v in ("EXPERTS_REVERSED", "EXPERTS_FP32_ACCUMULATE",
+LEGIT = ["spec"] + [f"checks.variants:{v}" for v in ("EXPERTS_REVERSED", "EXPERTS_FP32_ACCUMULATE",
                                                             "ALL_REDUCE_BY_GATHER", "REDUCE_SCATTER_BY_ALL_REDUCE")]
 UNITS = ("moe", "attention", "decoder", "model")
 

@@ -358,7 +358,7 @@ class SpecModel:
         return out.to(x.dtype)
 
     # the expert outputs' running sum: the activation dtype as transformers' eager loop (None), or float32 as
-    # fused MoE kernels accumulate (a legitimate variant: checks/tests/variants.py)
+    # fused MoE kernels accumulate (a legitimate variant: checks/variants.py)
     expert_accumulator_dtype: torch.dtype | None = None
 
     def combine(self, routed, shared):

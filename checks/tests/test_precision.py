@@ -3,7 +3,7 @@
 Negative controls: an RMSNorm with its statistics in bfloat16 (P01's habit) against the float32-statistics
 reference, and the catalog's precision mutants through the property. Positive controls: a legitimate norm
 that rounds differently (the weight applied in float32, Gemma's habit: one rounding fewer), and the spec's
-legitimate variants (checks/tests/variants.py) through the property.
+legitimate variants (checks/variants.py) through the property.
 """
 from __future__ import annotations
 
@@ -120,6 +120,6 @@ def test_property_kills_precision_mutants(target):
 @pytest.mark.parametrize("variant", ["EXPERTS_REVERSED", "EXPERTS_FP32_ACCUMULATE", "ALL_REDUCE_BY_GATHER",
                                      "REDUCE_SCATTER_BY_ALL_REDUCE"])
 def test_property_passes_legitimate_variants(variant):
-    r = run_property(f"checks.tests.variants:{variant}", "decoder or test_moe")
+    r = run_property(f"checks.variants:{variant}", "decoder or test_moe")
     assert r.returncode == 0, r.stdout[-3000:]
     assert "2 passed" in r.stdout, r.stdout[-3000:]

@@ -1,8 +1,8 @@
 """Legitimate variants of the spec target: other correct ways to compute the same layers, rounding differently
 in half precision. The tolerance model (its max-error bound, bias test and precision test) must pass them:
 they are the positive controls of the precision test (checks/tests/test_precision.py), as the precision
-mutants P01-P05 of checks.mutants are its negative controls. Select one with
-`--target checks.tests.variants:EXPERTS_REVERSED` and so on.
+mutants of checks.mutants (P01, P04) are its negative controls. Select one with
+`--target checks.variants:EXPERTS_REVERSED` and so on.
 """
 from __future__ import annotations
 
