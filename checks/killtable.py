@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", action="append", default=[], metavar="PKG.MOD:OBJ",
                     help="an outside target to run instead of the catalog (repeatable)")
     ap.add_argument("--control", default="spec", help="the unmutated target that must pass (default: spec)")
-    ap.add_argument("--out", default=str(ROOT / "reports"))
+    ap.add_argument("--out", default="reports", help="folder for kill-table.{md,json} (default: reports/ here)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per suite run")
     ap.add_argument("--check", action="store_true",
                     help="kept for old scripts: the exit code is always 1 unless every target is killed by an "
