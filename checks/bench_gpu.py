@@ -29,6 +29,7 @@ import sys
 import time
 
 import torch
+
 from dpep_parity.checks import numerics
 from dpep_parity.checks.batches import DTYPES, Batch, Request, seq_inputs
 from dpep_parity.checks.parity import ParityResult, judge, run_example

@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+
 from dpep_parity.checks import numerics
 
 DTYPE_NAMES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

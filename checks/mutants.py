@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from dpep_parity.checks.batches import MAX_LEN, SUM_LEN, ceil_align
 from dpep_parity.checks.targets.spec import SpecModel, SpecTarget, linear, rms_norm
 

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+
 from dpep_parity.checks import numerics
 from dpep_parity.checks.batches import DTYPES, Batch, padding_mode, seq_inputs, seq_token_ids
 from dpep_parity.checks.recorder import mismatches

@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from dpep_parity.checks import profiles
 from hypothesis import settings
+
+from dpep_parity.checks import profiles
 
 # At import, before hypothesis's own plugin reads --hypothesis-profile in its pytest_configure: DPEP_PROFILE
 # (or ci) is the base that hypothesis's options then build on.

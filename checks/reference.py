@@ -15,6 +15,7 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
+
 from dpep_parity.checks.batches import DTYPES, Batch
 
 

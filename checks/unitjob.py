@@ -8,6 +8,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+
 from dpep_parity.checks.batches import DTYPES, Batch, Request, seq_inputs, seq_token_ids
 from dpep_parity.checks.poison import poisoned
 from dpep_parity.checks.targets.protocol import BuildEnv, Groups, Serving, Step, resolve

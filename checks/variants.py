@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
 from dpep_parity.checks.batches import SUM_LEN
 from dpep_parity.checks.targets.spec import SpecModel, SpecTarget
 

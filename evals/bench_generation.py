@@ -28,6 +28,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import torch
+
     from dpep_parity.checks.topology import Layout
     from dpep_parity.evals.data import load_data
     from dpep_parity.evals.engines import open_lm

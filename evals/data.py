@@ -156,6 +156,7 @@ def load_hub(tasks: tuple[str, ...] = TASKS) -> EvalData:
 
 def _load_hub(tasks: tuple[str, ...]) -> EvalData:
     import datasets
+
     from dpep_parity.evals.tasks import MMLU_SUBJECTS
 
     data = EvalData(source="hub")

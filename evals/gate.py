@@ -31,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+
 from dpep_parity.checks.numerics import FACTOR
 from dpep_parity.evals import stats
 from dpep_parity.evals.matrix import GateSettings

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
+
 from dpep_parity.checks.serving.scheduler import POLICIES
 
 ENGINES = ("inproc", "openai", "sglang")

@@ -10,11 +10,12 @@ import contextlib
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
 from dpep_parity.evals.cache import SampleCache, ServingStats, fingerprint
 from dpep_parity.evals.engines import open_lm
 from dpep_parity.evals.samples import Sample, run_chunk
 from dpep_parity.evals.tasks import TaskSet
-from tqdm import tqdm
 
 
 def run_config(config, samples: dict[str, list[Sample]], taskset: TaskSet, out_dir: Path,

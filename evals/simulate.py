@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
 from dpep_parity.evals import gate as G
 from dpep_parity.evals import stats
 from dpep_parity.evals.matrix import GateSettings

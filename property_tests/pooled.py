@@ -4,10 +4,11 @@ checks, and their precision evidence is pooled into one verdict at the end of th
 "precision"; docs/precision.md). Hypothesis has no per-run reduction over examples, hence this wrapper."""
 from __future__ import annotations
 
-from dpep_parity.checks.numerics import PrecisionPool
-from dpep_parity.property_tests import search
 from hypothesis import given, settings, target
 from hypothesis import strategies as st
+
+from dpep_parity.checks.numerics import PrecisionPool
+from dpep_parity.property_tests import search
 
 HALF = ("bfloat16", "float16")
 

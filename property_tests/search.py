@@ -16,8 +16,9 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
-from dpep_parity.checks.batches import padding_mode
 from hypothesis import event, note, reject, target
+
+from dpep_parity.checks.batches import padding_mode
 
 REAL = "judged"
 _tally: Counter = Counter()

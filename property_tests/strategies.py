@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hypothesis import strategies as st
+
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.topology import Layout, valid_layouts
 from dpep_parity.fixtures.specs import FIXTURES, fixture_config
-from hypothesis import strategies as st
 
 
 @dataclass(frozen=True)

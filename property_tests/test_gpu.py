@@ -17,6 +17,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from dpep_parity.checks.batches import Batch
 from dpep_parity.checks.batches import Request as R
 from dpep_parity.checks.bench_gpu import evict_if_needed
@@ -28,8 +31,6 @@ from dpep_parity.fixtures.large import DRYRUN_FIXTURES, LARGE_FIXTURES
 from dpep_parity.property_tests import search
 from dpep_parity.property_tests.pooled import HALF, pooled_precision
 from dpep_parity.property_tests.strategies import Example
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 pytestmark = pytest.mark.gpu
 

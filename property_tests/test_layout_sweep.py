@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
 from dpep_parity.checks.batches import MAX_LEN, SUM_LEN, Batch, padding_mode
 from dpep_parity.checks.batches import Request as R
 from dpep_parity.checks.parity import run_example

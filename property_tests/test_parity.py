@@ -11,6 +11,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from dpep_parity.checks.batches import Batch
 from dpep_parity.checks.batches import Request as R
 from dpep_parity.checks.parity import run_example
@@ -19,8 +22,6 @@ from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.property_tests import search
 from dpep_parity.property_tests.strategies import Example, examples
-from hypothesis import given
-from hypothesis import strategies as st
 
 E = Example
 

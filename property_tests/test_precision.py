@@ -18,6 +18,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from hypothesis import strategies as st
+
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.targets.protocol import known_failure, resolve, skip_reason
@@ -25,7 +27,6 @@ from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.specs import FIXTURES
 from dpep_parity.property_tests.pooled import HALF, pooled_precision
 from dpep_parity.property_tests.strategies import Example, layouts_for
-from hypothesis import strategies as st
 
 LONG = (64, 200)   # long prefixes: a position x frequency rounded to bfloat16 (8 significant bits) is off by up to pos / 512 rad
 

@@ -9,14 +9,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from dpep_parity.checks import profiles
 from dpep_parity.checks.batches import Batch
 from dpep_parity.checks.batches import Request as R
 from dpep_parity.checks.topology import Layout
 from dpep_parity.property_tests import search
 from dpep_parity.property_tests.strategies import Example
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 FEW = settings(max_examples=20, derandomize=True, database=None, suppress_health_check=list(profiles.SUPPRESSED))

@@ -15,13 +15,6 @@ from __future__ import annotations
 
 import uuid
 
-from dpep_parity.checks.batches import Batch
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.targets.protocol import UNITS, known_failure, resolve, skip_reason
-from dpep_parity.fixtures.build import fixture_path
-from dpep_parity.fixtures.specs import FIXTURES, fixture_config
-from dpep_parity.property_tests import search
-from dpep_parity.property_tests.strategies import Example, batches, layouts_for
 from hypothesis import settings, target
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -31,6 +24,14 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+
+from dpep_parity.checks.batches import Batch
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.targets.protocol import UNITS, known_failure, resolve, skip_reason
+from dpep_parity.fixtures.build import fixture_path
+from dpep_parity.fixtures.specs import FIXTURES, fixture_config
+from dpep_parity.property_tests import search
+from dpep_parity.property_tests.strategies import Example, batches, layouts_for
 
 STEPS = 4      # forwards per run: enough for a shape change, an idle rank and a return to an earlier shape
 

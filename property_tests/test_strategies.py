@@ -3,10 +3,11 @@ does with find_any). A strategy that cannot produce them would let every propert
 from __future__ import annotations
 
 import pytest
+from hypothesis import find, settings
+
 from dpep_parity.checks.batches import DECODE, IDLE, MAX_LEN, padding_mode
 from dpep_parity.fixtures.specs import FIXTURES
 from dpep_parity.property_tests.strategies import batches, examples
-from hypothesis import find, settings
 
 SEARCH = settings(max_examples=2000, derandomize=True, database=None)
 

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Callable
 
 import torch
+
 from dpep_parity.checks.batches import DECODE, EXTEND, IDLE, MAX_LEN, Batch, Request, padding_mode
 from dpep_parity.checks.serving.scheduler import Plan, Scheduler, ServeRequest
 from dpep_parity.checks.targets.protocol import Serving, resolve

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from dpep_parity.checks.batches import Batch, Request
-from dpep_parity.checks.topology import Layout
 
 from dpep_parity import own_module
+from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.topology import Layout
 
 UNITS = ("moe", "attention", "decoder", "model")
 ALIASES = {"spec": "dpep_parity.checks.targets.spec:SPEC", "sglang": "dpep_parity.checks.targets.sglang:TARGET"}

@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+
 from dpep_parity.checks.batches import SUM_LEN, ceil_align, padding_mode
 from dpep_parity.checks.targets.protocol import UNITS, BuildEnv, Step, to_cpu
-from torch.nn.utils.rnn import pad_sequence
 
 
 def _half_on_cpu(x: torch.Tensor) -> bool:

@@ -9,9 +9,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from dpep_parity.checks import cli
 
 from dpep_parity import own_module
+from dpep_parity.checks import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "numpy", "hypothesis", "transformers", "lm_eval")

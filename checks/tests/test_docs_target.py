@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.topology import Layout

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from dpep_parity.checks.killtable import ROOT, classify, junit_failures, properties_in
 from dpep_parity.checks.mutants import CATALOG
 

@@ -10,10 +10,11 @@ import functools
 
 import pytest
 import torch
-from dpep_parity.checks import calibrate
-from dpep_parity.checks.numerics import compare, near_ties, ulp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from dpep_parity.checks import calibrate
+from dpep_parity.checks.numerics import compare, near_ties, ulp
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SIZE = (512, 2048, 512)

@@ -3,6 +3,7 @@ table: greedy tokens and collective discipline from the records."""
 from __future__ import annotations
 
 import torch
+
 from dpep_parity.checks.parity import collective_discipline, greedy_check
 from dpep_parity.checks.recorder import Record
 from dpep_parity.checks.topology import Layout

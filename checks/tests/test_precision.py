@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dpep_parity.checks.mutants import NormInActivationDtype, RopeAnglesInActivationDtype
 from dpep_parity.checks.numerics import BIAS_MIN_ROWS, PRECISION_Z, PrecisionPool, precision_sample
 from dpep_parity.checks.targets.spec import SpecModel, rms_norm

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+
 from dpep_parity.checks.batches import Batch, Request, seq_inputs, seq_token_ids
 from dpep_parity.checks.reference import Oracle
 from dpep_parity.fixtures.build import fixture_path

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+
 from dpep_parity.checks import replay
 from dpep_parity.checks.batches import Request, parse_batch
 from dpep_parity.checks.topology import Layout

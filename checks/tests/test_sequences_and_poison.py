@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
 from dpep_parity.checks import profiles
 from dpep_parity.checks.batches import Batch
 from dpep_parity.checks.batches import Request as R
@@ -14,8 +17,6 @@ from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.property_tests.conftest import SuiteOptions
 from dpep_parity.property_tests.test_stateful import ForwardSequence
-from hypothesis import Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 NO_SHRINK = [Phase.explicit, Phase.generate]
 

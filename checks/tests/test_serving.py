@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from dpep_parity.checks import numerics
 from dpep_parity.checks.serving.engine import ServingEngine
 from dpep_parity.checks.serving.scheduler import Scheduler, ServeRequest

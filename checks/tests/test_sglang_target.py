@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from dpep_parity.checks.batches import parse_batch
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.targets.sglang import unavailable_reason

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from dpep_parity.checks.suite_options import problems
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,11 +5,12 @@ import itertools
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from dpep_parity.checks.topology import InvalidLayout, Layout, layout_violations, valid_layouts, validate
 from dpep_parity.fixtures.build import hf_config
 from dpep_parity.fixtures.specs import FIXTURES
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 # A config every rule accepts at tp4-dp2-ep2; each case below breaks exactly one number of it.
 BASE = {"num_attention_heads": 8, "num_key_value_heads": 2, "num_experts": 8, "moe_intermediate_size": 32,

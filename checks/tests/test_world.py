@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+
 from dpep_parity.checks.tests.jobs import RaiseOnRank, ShapeMismatch, SkipOnRank, Sleep, SumRanks
 from dpep_parity.checks.tests.jobs_extra import PidAndSum
 from dpep_parity.checks.world import World, WorldFailure

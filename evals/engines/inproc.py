@@ -11,9 +11,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from dpep_parity.evals.engines.base import EngineError, ForwardEngine
-
 from dpep_parity import own_module
+from dpep_parity.evals.engines.base import EngineError, ForwardEngine
 
 HF_TARGET = "hf"
 

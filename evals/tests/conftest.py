@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from dpep_parity.evals.data import default_data_dir
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

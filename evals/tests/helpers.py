@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+
 from dpep_parity.evals.engines.hf_local import HFForwardEngine
 
 CALLS = {"sequences": 0}   # sequences forwarded by every engine made here, across engines

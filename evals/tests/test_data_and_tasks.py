@@ -7,6 +7,7 @@ import re
 
 import pytest
 import yaml
+
 from dpep_parity.evals.data import DataError, check_data_dir, gsm8k_gold, load_local
 from dpep_parity.evals.samples import allocate, build_gsm8k, build_mmlu, select_gsm8k, select_mmlu
 from dpep_parity.evals.tasks import MMLU_SUBJECTS, TaskSet
@@ -156,6 +157,7 @@ def test_prompt_hash_stable_and_sensitive(taskset, eval_data):
 def test_hub_path_loads_cais_mmlu_per_subject_and_openai_gsm8k(monkeypatch, eval_data):
     """No network here: stand in for datasets.load_dataset and check what the hub path asks for."""
     import datasets
+
     from dpep_parity.evals.data import load_data
 
     calls = []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from dpep_parity.evals import gate as G
 from dpep_parity.evals.matrix import GateSettings
 

@@ -15,10 +15,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from scipy import stats as sps
+
 from dpep_parity.evals import gate as G
 from dpep_parity.evals import stats
 from dpep_parity.evals.simulate import Scenario, Sizes, fast_gate, rates
-from scipy import stats as sps
 
 ALPHA = 0.05
 RUNS = 60

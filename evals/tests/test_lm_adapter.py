@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lm_eval.api.instance import Instance
+
 from dpep_parity.evals.engines.base import ForwardEngine
 from dpep_parity.evals.engines.hf_local import HFForwardEngine
 from dpep_parity.evals.lm_adapter import ForwardEngineLM
-from lm_eval.api.instance import Instance
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +72,9 @@ def test_registered_with_lm_eval_and_simple_evaluate(lm, taskset):
     from lm_eval.api.registry import get_model
 
     assert get_model("dpep-forward") is ForwardEngineLM
-    from dpep_parity.evals.tasks import HERE
     from lm_eval.tasks import TaskManager
+
+    from dpep_parity.evals.tasks import HERE
 
     # our YAML directory is a valid lm-eval include path (indexing only it is fast)
     tm = TaskManager(include_defaults=False, include_path=str(HERE))

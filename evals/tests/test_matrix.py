@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from dpep_parity.evals.matrix import MatrixError, load_matrix, parse, resolve_models
 from dpep_parity.evals.signoff import DEFAULT_MATRIX
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from dpep_parity.evals.engines.base import EngineError
 from dpep_parity.evals.engines.openai import completions_url
 from dpep_parity.evals.engines.sglang_server import SGLangServer, free_port, sglang_args

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from dpep_parity.evals.__main__ import main
 from dpep_parity.evals.tests import helpers
 

@@ -6,11 +6,12 @@ import math
 import numpy as np
 import pytest
 import statsmodels.api as sm
-from dpep_parity.evals import stats
 from statsmodels.stats.contingency_tables import SquareTable, mcnemar
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.weightstats import ttost_paired
+
+from dpep_parity.evals import stats
 
 
 def _paired_binary(n, p_base, p_b, p_c, rng):

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+
 from dpep_parity.evals import gate as G
 from dpep_parity.evals import stats
 from dpep_parity.evals.matrix import GateSettings

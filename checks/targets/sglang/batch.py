@@ -16,6 +16,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+
 from dpep_parity.checks.batches import DECODE, EXTEND, IDLE, Batch, Request
 
 

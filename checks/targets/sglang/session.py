@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+
 from dpep_parity.checks.targets.protocol import BuildEnv
 from dpep_parity.checks.targets.sglang import cpu_shims
 

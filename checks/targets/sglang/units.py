@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+
 from dpep_parity.checks.batches import Batch
 from dpep_parity.checks.targets.protocol import BuildEnv, Step, to_cpu
 from dpep_parity.checks.targets.sglang.batch import (
