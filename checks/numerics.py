@@ -162,7 +162,7 @@ def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor
     keep = ~ex
     v.max_abs = float(d_sut[keep].max()) if keep.any() else 0.0
     v.mean_abs = float(d_sut[keep].mean()) if keep.any() else 0.0
-    u = ulp(torch.maximum(t.abs(), _rms(t)[:, None]), dtype)
+    u = element_ulp(t, dtype)
     v.max_ulp = float((d_sut / u)[keep].max()) if keep.any() else 0.0
     v.cosine = float(torch.nn.functional.cosine_similarity(s[keep].flatten(), t[keep].flatten(), dim=0)) \
         if keep.any() and t[keep].norm() > 0 else 1.0
@@ -180,9 +180,7 @@ def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor
     # systematic bias, rows as clusters
     kept = keep.nonzero().flatten()
     if clusters is not None:   # one row per token: replicas are not independent samples
-        seen: set = set()
-        kept = torch.tensor([int(i) for i in kept if not (clusters[int(i)] in seen or seen.add(clusters[int(i)]))],
-                            dtype=torch.long)
+        kept = first_replicas(clusters, kept)
     if len(kept) >= BIAS_MIN_ROWS:
         b_sut = ((s - t) / u)[kept].mean(1)
         b_ref = ((r - t) / u)[kept].mean(1)
@@ -195,6 +193,20 @@ def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor
             v.reasons.append(f"systematic bias of {float(diff.mean()):+.3f} ulp per element beyond the "
                              f"reference's (z={v.bias_z:.1f} over {len(kept)} rows)")
     return v
+
+
+def element_ulp(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing each element's error is measured in: at its own magnitude, but at least at its row's RMS
+    (tiny elements do not blow up); `t` is [rows, cols] float64. Shared by the bias and precision tests."""
+    return ulp(torch.maximum(t.abs(), _rms(t)[:, None]), dtype)
+
+
+def first_replicas(clusters: Sequence[object], rows: torch.Tensor) -> torch.Tensor:
+    """Of `rows` (indices, in order), those that are the first of their cluster: replicas of one token (every
+    attention-TP rank returns its DP group's rows) count once."""
+    seen: set = set()
+    return torch.tensor([int(i) for i in rows if not (clusters[int(i)] in seen or seen.add(clusters[int(i)]))],
+                        dtype=torch.long)
 
 
 def _rms(t: torch.Tensor) -> torch.Tensor:
@@ -235,7 +247,7 @@ def row_energy(x: torch.Tensor, truth: torch.Tensor, dtype: torch.dtype) -> torc
     """Per row, the mean squared error against the float64 truth in ulps of the element's magnitude (at
     least the row's RMS: tiny elements do not blow up), as the bias test measures it."""
     t = truth.reshape(truth.shape[0], -1).to(torch.float64)
-    u = ulp(torch.maximum(t.abs(), _rms(t)[:, None]), dtype)
+    u = element_ulp(t, dtype)
     return (((x.reshape(t.shape).to(torch.float64) - t) / u) ** 2).mean(1)
 
 
@@ -250,12 +262,10 @@ def precision_sample(sut: torch.Tensor, truth: torch.Tensor, legit: Sequence[tor
     e_sut = row_energy(sut, truth, dtype)
     e_leg = torch.stack([row_energy(x, truth, dtype) for x in legit]).amax(0)
     keep = torch.ones(rows, dtype=torch.bool) if leave_out is None else ~leave_out.to(torch.bool)
-    if clusters is not None:
-        seen: set = set()
-        for i in range(rows):
-            if clusters[i] in seen:
-                keep[i] = False
-            seen.add(clusters[i])
+    if clusters is not None:   # a token's first replica, whether or not it is left out
+        first = torch.zeros(rows, dtype=torch.bool)
+        first[first_replicas(clusters, torch.arange(rows))] = True
+        keep &= first
     ratio = (e_sut.clamp_min(ENERGY_FLOOR) / e_leg.clamp_min(ENERGY_FLOOR)).log()
     return [float(x) for x in ratio[keep]]
 
