@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from dpep_parity.checks import numerics
+from dpep_parity.checks import numerics, units
 from dpep_parity.checks.batches import DTYPES, Batch, Request, seq_inputs
 from dpep_parity.checks.parity import ParityResult, judge, run_example
 from dpep_parity.checks.topology import Layout, validate
@@ -197,14 +197,8 @@ def ref_error(path: str, unit: str, batch: Batch, dtype: str, device: str) -> di
     config, _ = load_weights(path)
     dt = DTYPES[dtype]
     o = Oracle(path, dtype, device)
-    seqs = seq_inputs(batch, config["hidden_size"], dt)
-    reqs = [r for _, _, r in batch.requests_flat()]
-    if unit == "moe":
-        u = o.mlp(0, torch.cat([s[r.prefix:] for r, s in zip(reqs, seqs)]))
-        sizes = [r.extend for r in reqs]
-        u.router = [(list(p.split(sizes)), list(q.split(sizes))) for p, q in u.router]
-    else:
-        u = o.decoder(0, batch, seqs)
+    unit_ = units.get(unit)
+    u = unit_.reference(o, 0, batch, unit_.global_inputs(batch, config, dt))
     t, r = u.truth, u.ref.to(torch.float64)
     scale = torch.maximum(t.abs(), t.pow(2).mean(1, keepdim=True).sqrt())
     ulps = (r - t).abs() / numerics.ulp(scale, dt)

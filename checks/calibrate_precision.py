@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import time
 
+from dpep_parity.checks import units as registry
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.numerics import PrecisionPool
 from dpep_parity.checks.parity import run_example
@@ -23,7 +24,6 @@ from dpep_parity.fixtures.specs import FIXTURES, fixture_config
 
 LEGIT = ["spec"] + [f"checks.variants:{v}" for v in ("EXPERTS_REVERSED", "EXPERTS_FP32_ACCUMULATE",
                                                             "ALL_REDUCE_BY_GATHER", "REDUCE_SCATTER_BY_ALL_REDUCE")]
-UNITS = ("moe", "attention", "decoder", "model")
 
 
 def mutants() -> list[str]:
@@ -37,11 +37,12 @@ def examples(n: int, unit: str, seed: int = 0):
     fixtures = sorted(FIXTURES)
     for i in range(n):
         fx = fixtures[i % len(fixtures)]
-        lays = [lay for ws in (1, 2, 4) for lay in valid_layouts(ws, fixture_config(fx), dp_lm_head=unit == "model")]
+        whole = registry.get(unit).whole_model
+        lays = [lay for ws in (1, 2, 4) for lay in valid_layouts(ws, fixture_config(fx), dp_lm_head=whole)]
         lay = rng.choice(lays)
         per = tuple(tuple(Request(rng.choice([rng.randint(0, 4), rng.randint(64, 200)]), rng.randint(16, 32))
                           for _ in range(rng.randint(2, 4))) for _ in range(lay.dp))
-        layer = 0 if unit == "model" else rng.randrange(FIXTURES[fx].num_hidden_layers)
+        layer = 0 if whole else rng.randrange(FIXTURES[fx].num_hidden_layers)
         yield fx, lay, Batch(per, rng.randrange(2**16)), layer
 
 
@@ -59,7 +60,7 @@ def measure(target: str, unit: str, n: int) -> dict:
             "other_failures": failed}
 
 
-def run(n: int = 24, units=UNITS) -> tuple[bool, list[dict]]:
+def run(n: int = 24, units=registry.UNITS) -> tuple[bool, list[dict]]:
     t0 = time.perf_counter()
     rows, holds = [], True
     print(f"{'target':48s} {'unit':9s} {'mean l':>7s} {'z':>6s} {'tokens':>6s}  verdict")

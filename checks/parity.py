@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dpep_parity.checks import numerics
-from dpep_parity.checks.batches import DTYPES, Batch, padding_mode, seq_inputs, seq_token_ids
+from dpep_parity.checks import numerics, units
+from dpep_parity.checks.batches import DTYPES, Batch, padding_mode
 from dpep_parity.checks.recorder import mismatches
 from dpep_parity.checks.reference import Oracle, UnitRef
 from dpep_parity.checks.targets.protocol import resolve, skip_reason
@@ -111,7 +111,7 @@ class Routing:
 
 
 def _propagate(mask_pos: torch.Tensor, req, model: bool) -> torch.Tensor:
-    """Positions (prefix + extend) -> extend rows affected. Single-layer units: the row itself; model:
+    """Positions (prefix + extend) -> extend rows affected. Single-layer units: the row itself; a whole model:
     that token and every later token of its request (attention carries the change forward)."""
     out = torch.zeros(req.extend, dtype=torch.bool)
     if not model:
@@ -129,8 +129,9 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
     still judged, so their parity failure shows the size of the damage). Without it, every near-tie row is
     excused (the truth alone cannot tell whether it flipped)."""
     from dpep_parity.fixtures.specs import sparse_layers
-    sp = sparse_layers(config)
-    layer_ids = [i for i, s in enumerate(sp) if s] if unit == "model" else ([layer] if sp[layer] else [])
+    u = units.get(unit)
+    whole = u.whole_model
+    layer_ids = u.sparse_layers_run(sparse_layers(config), layer)
     n = sum(batch.tokens_per_dp())
     flat = batch.requests_flat()
     starts, acc = [], 0
@@ -149,11 +150,11 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
             ties = numerics.near_ties(pt, pr, top_k, dtype)                 # over prefix + extend positions
             t_ids = pt.topk(top_k, dim=1).indices.sort(dim=1).values
             r_ids = pr.topk(top_k, dim=1).indices.sort(dim=1).values
-            ref_flipped[starts[q]: starts[q] + req.extend] |= _propagate((t_ids != r_ids).any(1), req, unit == "model")
+            ref_flipped[starts[q]: starts[q] + req.extend] |= _propagate((t_ids != r_ids).any(1), req, whole)
             truth_ids.append((t_ids[-req.extend:] if req.extend else t_ids[:0], ties))
             if not reported:
-                excused[starts[q]: starts[q] + req.extend] |= _propagate(ties, req, unit == "model")
-            elif unit == "model" and req.prefix:
+                excused[starts[q]: starts[q] + req.extend] |= _propagate(ties, req, whole)
+            elif whole and req.prefix:
                 # prefix tokens' routing is not reported: a tie there may have flipped unseen
                 excused[starts[q]: starts[q] + req.extend] |= _propagate(
                     torch.cat([ties[: req.prefix], torch.zeros(req.extend, dtype=torch.bool)]), req, True)
@@ -177,7 +178,7 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
                     continue
                 diff = (g.to(want.dtype) != want).any(1)
                 away = diff & ~ties[-req.extend:]
-                if unit == "model":
+                if whole:
                     # a token downstream of a legitimate flip at an earlier layer (or of a prefix tie) has other
                     # inputs than one device's from then on: its routing may differ anywhere (its rows are
                     # excused already); a 500-example bfloat16 fuzz run found one such token judged "away"
@@ -192,7 +193,7 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
         for q, (_, _, req) in enumerate(flat):
             excused[starts[q]: starts[q] + req.extend] |= _propagate(
                 torch.cat([torch.zeros(req.prefix, dtype=torch.bool), sut_flip[starts[q]: starts[q] + req.extend]]),
-                req, unit == "model")
+                req, whole)
     check = Check("routing", not bad, "; ".join(bad[:3])) if reported else None
     return Routing(excused, ref_flipped, check)
 
@@ -259,8 +260,9 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
     unit, layout, batch, dtype = res.unit, res.layout, res.batch, res.dtype
     dt = DTYPES[dtype]
     res.checks.append(collective_discipline(results, layout))
+    u = units.get(unit)
     uref, variants = oracle_outputs(str(model_dir), dtype, device, truth_device, unit, layer, batch)
-    key = "logits" if unit == "model" else "out"
+    key = u.output
     ranks = list(range(layout.tp))
     # exact: each rank returns exactly its DP rank's rows, in the test dtype
     own = []
@@ -288,7 +290,7 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
     labels = row_labels(batch, layout, ranks)
     alts = [oracle_rows(a, batch, layout, ranks) for a in variants]
     clusters = token_keys(batch, layout, ranks)
-    v = numerics.compare(f"{unit} layer {layer}" if unit != "model" else "model logits", sut, truth, ref, dt,
+    v = numerics.compare(u.describe(layer), sut, truth, ref, dt,
                          fan_in=layout.tp, excused=excused, labels=labels, ref_variants=alts,
                          clusters=clusters, unpooled=noisy_ref)
     res.verdict = v
@@ -307,11 +309,11 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
         reasons.append("likely cause: the target routed rows to other experts than one device, away from any "
                        "near-tie (see [routing])")
     res.checks.append(Check("parity", v.ok, "; ".join(reasons)))
-    if unit == "model":
+    if u.whole_model:
         res.checks.append(greedy_check(sut, truth, ref, excused, dt, labels))
-    if unit == "model" and not v.ok:
-        res.first_divergent_layer = first_divergent_layer(results, uref, batch, layout, dt, excused)
-    if unit in ("moe", "decoder") and uref.router:
+        if not v.ok:
+            res.first_divergent_layer = first_divergent_layer(results, uref, batch, layout, dt, excused)
+    if u.dispatch and uref.router:
         res.checks.append(dispatch_check(results, uref, layout, config, batch, dt, ex_global, top_k))
     modes = {r.value.get("padding_mode") for r in results}
     if layout.dp > 1 and modes != {None}:
@@ -329,25 +331,10 @@ def oracle_outputs(model_dir: str, dtype: str, device: str, truth_device: str | 
     the model, dtype, devices, unit, layer and batch (inputs are rebuilt from the batch's seed), never on the
     layout, so the layouts of a sweep share it. Callers must not modify what it returns."""
     config, _ = load_weights(model_dir)
-    dt = DTYPES[dtype]
+    u = units.get(unit)
     oracle = Oracle(model_dir, dtype, device, truth_device)
-    if unit == "model":
-        inputs = seq_token_ids(batch, config["vocab_size"])
-        uref = oracle.model(batch, inputs)
-    else:
-        inputs = seq_inputs(batch, config["hidden_size"], dt)
-        if unit == "moe":
-            x = torch.cat([s[r.prefix:] for (_, _, r), s in zip(batch.requests_flat(), inputs)]) if inputs \
-                else torch.zeros(0, config["hidden_size"], dtype=dt)
-            inputs = [x]
-            uref = oracle.mlp(layer, x)
-            sizes = [r.extend for _, _, r in batch.requests_flat()]   # split rows back into requests
-            uref.router = [(list(p.split(sizes)), list(q.split(sizes))) for p, q in uref.router]
-        elif unit == "attention":
-            uref = oracle.attention(layer, batch, inputs)
-        else:
-            uref = oracle.decoder(layer, batch, inputs)
-    return uref, oracle.variants(unit, layer, batch, inputs)
+    inputs = u.global_inputs(batch, config, DTYPES[dtype])
+    return u.reference(oracle, layer, batch, inputs), u.decoys(oracle, layer, batch, inputs)
 
 
 def _rows(results: list[RankResult], key: str) -> torch.Tensor | None:

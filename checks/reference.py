@@ -88,16 +88,9 @@ class Oracle:
         return UnitRef(outs[0], outs[1], [tuple(probs)] if probs[0] is not None else [])
 
     @torch.no_grad()
-    def attention(self, layer: int, batch: Batch, seqs: list[torch.Tensor]) -> UnitRef:
-        return self._per_request(batch, seqs, lambda m, h, pe, mask: m.model.layers[layer].self_attn(
-            hidden_states=h, position_embeddings=pe, attention_mask=mask)[0], layers=[layer])
-
-    @torch.no_grad()
-    def decoder(self, layer: int, batch: Batch, seqs: list[torch.Tensor]) -> UnitRef:
-        return self._per_request(batch, seqs, lambda m, h, pe, mask: m.model.layers[layer](
-            h, attention_mask=mask, position_embeddings=pe), layers=[layer])
-
-    def _per_request(self, batch, seqs, fn, layers) -> UnitRef:
+    def per_request(self, batch: Batch, seqs: list[torch.Tensor], fn, layers: list[int]) -> UnitRef:
+        """`fn(model, h, position_embeddings, mask)` on each request's sequence (prefix + extend) alone; the
+        extend rows, and the router probabilities of `layers` (the sparse ones among them)."""
         res = []
         for model, dt in self._both():
             rows, taps = [], []
@@ -142,38 +135,43 @@ class Oracle:
         return UnitRef(res[0][0], res[1][0], router, res[0][1], res[1][1])
 
 
+    # The reference in the test dtype again, with the same rows computed among decoy rows or decoy requests:
+    # GEMM blocking depends on the batch, so one token's rounding differs with its company (measured: a
+    # qwen3-moe MoE row's fp32 error went from 1.3e-7 alone to 5.9e-7 among 8 rows). Together with the plain
+    # reference these sample the error one device legitimately makes. Each unit picks its kind (checks.units).
     @torch.no_grad()
-    def variants(self, unit: str, layer: int, batch: Batch, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The reference in the test dtype again, with the same rows computed among decoy rows or decoy
-        requests: GEMM blocking depends on the batch, so one token's rounding differs with its company
-        (measured: a qwen3-moe MoE row's fp32 error went from 1.3e-7 alone to 5.9e-7 among 8 rows).
-        Together with the plain reference these sample the error one device legitimately makes."""
+    def decoy_rows(self, layer: int, batch: Batch, x: torch.Tensor) -> list[torch.Tensor]:
+        """The layer's MLP block on rows x among 1 and among 7 random decoy rows."""
+        model, dt = self.ref_model, self.dtype
+        g = torch.Generator().manual_seed(batch.seed + 1)
+        block = model.model.layers[layer].mlp
+        out = []
+        for extra in (1, 7):
+            decoys = torch.randn(extra, x.shape[1], generator=g, dtype=torch.float64).to(dt)
+            out.append(block(torch.cat([x.to(dt), decoys]).to(_dev(model))[None])[0, : x.shape[0]].cpu())
+        return out
+
+    @torch.no_grad()
+    def decoy_sequences(self, batch: Batch, seqs: list[torch.Tensor], fn) -> list[torch.Tensor]:
+        """`fn` (as for per_request) on each request batched with two random decoy sequences of its length."""
         model, dt = self.ref_model, self.dtype
         dev, g = _dev(model), torch.Generator().manual_seed(batch.seed + 1)
-        out = []
-        if unit == "moe":
-            x = inputs[0]
-            block = model.model.layers[layer].mlp
-            for extra in (1, 7):
-                decoys = torch.randn(extra, x.shape[1], generator=g, dtype=torch.float64).to(dt)
-                y = block(torch.cat([x.to(dt), decoys]).to(dev)[None])[0, : x.shape[0]]
-                out.append(y.cpu())
-            return out
         rows = []
-        for (_, _, req), t in zip(batch.requests_flat(), inputs):
-            if unit == "model":
-                ids = torch.stack([t, *torch.randint(0, self.config.vocab_size, (2, t.shape[0]), generator=g)])
-                rows.append(model(input_ids=ids.to(dev)).logits[0, req.prefix:].cpu())
-                continue
+        for (_, _, req), t in zip(batch.requests_flat(), seqs):
             h = torch.stack([t.to(dt), *(torch.randn(2, *t.shape, generator=g, dtype=torch.float64).to(dt))]).to(dev)
             pe = model.model.rotary_emb(h, torch.arange(req.total, device=dev)[None])
-            mask = _causal_mask(req.total, dt, dev)
-            lay = model.model.layers[layer]
-            y = lay.self_attn(hidden_states=h, position_embeddings=pe, attention_mask=mask)[0] if unit == "attention" \
-                else lay(h, attention_mask=mask, position_embeddings=pe)
-            rows.append(y[0, req.prefix:].cpu())
-        cols = self.config.vocab_size if unit == "model" else self.config.hidden_size
-        return [_cat(rows, cols, dt)]
+            rows.append(fn(model, h, pe, _causal_mask(req.total, dt, dev))[0, req.prefix:].cpu())
+        return [_cat(rows, self.config.hidden_size, dt)]
+
+    @torch.no_grad()
+    def decoy_tokens(self, batch: Batch, token_ids: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The model's logits of each request batched with two random decoy requests of its length."""
+        model, g = self.ref_model, torch.Generator().manual_seed(batch.seed + 1)
+        rows = []
+        for (_, _, req), t in zip(batch.requests_flat(), token_ids):
+            ids = torch.stack([t, *torch.randint(0, self.config.vocab_size, (2, t.shape[0]), generator=g)])
+            rows.append(model(input_ids=ids.to(_dev(model))).logits[0, req.prefix:].cpu())
+        return [_cat(rows, self.config.vocab_size, self.dtype)]
 
 
 def _keep_output(store: dict, i: int):

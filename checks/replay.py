@@ -11,12 +11,13 @@ import sys
 from dpep_parity.checks.batches import DTYPES, parse_batch
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.units import UNITS
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m checks.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="spec")
-    ap.add_argument("--unit", required=True, choices=("moe", "attention", "decoder", "model"))
+    ap.add_argument("--unit", required=True, choices=UNITS)
     ap.add_argument("--fixture", required=True)
     ap.add_argument("--layout", required=True, type=_checked(Layout.parse))
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))

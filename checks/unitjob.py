@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dpep_parity.checks import units
 from dpep_parity.checks.batches import DTYPES, Batch, Request, seq_inputs, seq_token_ids
 from dpep_parity.checks.poison import poisoned
 from dpep_parity.checks.targets.protocol import BuildEnv, Groups, Serving, Step, resolve
@@ -21,9 +22,9 @@ def load_weights(model_dir: str):
     return load_checkpoint(model_dir)
 
 
-def unit_inputs(unit: str, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
-    """Per request in global order: hidden [prefix+extend, hidden] (token ids for the model)."""
-    if unit == "model":
+def sequences(unit: str, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Per request in global order: hidden [prefix+extend, hidden] (token ids for a whole model)."""
+    if units.get(unit).takes == "tokens":
         return seq_token_ids(batch, config["vocab_size"])
     return seq_inputs(batch, config["hidden_size"], dtype)
 
@@ -80,14 +81,11 @@ class UnitJob:
         dp_rank = self.layout.dp_rank(ctx.rank)
         batch = self.batch
         if self.token_ids is not None:
-            inputs = [torch.tensor(t, dtype=torch.long) for t in self.token_ids][local_slice(batch, dp_rank)]
+            seqs = [torch.tensor(t, dtype=torch.long) for t in self.token_ids][local_slice(batch, dp_rank)]
         else:
-            inputs = unit_inputs(self.unit, batch, config, DTYPES[self.dtype])[local_slice(batch, dp_rank)]
+            seqs = sequences(self.unit, batch, config, DTYPES[self.dtype])[local_slice(batch, dp_rank)]
         reqs: tuple[Request, ...] = batch.per_dp[dp_rank]
-        if self.unit == "moe":
-            hidden = config["hidden_size"]
-            rows = [x[r.prefix:] for r, x in zip(reqs, inputs)]   # the MLP sees extend rows only
-            inputs = [torch.cat(rows) if rows else torch.zeros(0, hidden, dtype=DTYPES[self.dtype])]
+        inputs = units.get(self.unit).rank_inputs(reqs, seqs, config, DTYPES[self.dtype])
         serving = self.serving[dp_rank] if self.serving is not None else None
         step = Step(batch, ctx.rank, dp_rank, reqs, inputs, self.unit, serving, self.poison)
         with poisoned(self.poison):

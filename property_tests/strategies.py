@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from dpep_parity.checks import units
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.topology import Layout, valid_layouts
 from dpep_parity.fixtures.specs import FIXTURES, fixture_config
@@ -61,10 +62,10 @@ def batches(draw, dp: int, allow_all_idle: bool = True) -> Batch:
 @st.composite
 def examples(draw, fixtures, world_sizes, dtypes, unit: str) -> Example:
     fixture = draw(st.sampled_from(sorted(fixtures)))
-    lays = layouts_for(fixture, world_sizes, with_dp_lm_head=(unit == "model"))
+    lays = layouts_for(fixture, world_sizes, with_dp_lm_head=units.get(unit).whole_model)
     layout = draw(st.sampled_from(lays))
     batch = draw(batches(layout.dp))
     dtype = draw(st.sampled_from(list(dtypes)))
     n_layers = FIXTURES[fixture].num_hidden_layers
-    layer = 0 if unit == "model" else draw(st.integers(0, n_layers - 1))
+    layer = 0 if units.get(unit).whole_model else draw(st.integers(0, n_layers - 1))
     return Example(fixture, layout, batch, dtype, layer)

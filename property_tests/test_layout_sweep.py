@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from dpep_parity.checks import units
 from dpep_parity.checks.batches import MAX_LEN, SUM_LEN, Batch, padding_mode
 from dpep_parity.checks.batches import Request as R
 from dpep_parity.checks.parity import run_example
@@ -36,7 +37,7 @@ def decode_step(dp: int) -> Batch:
 
 def unit_layouts(layout, unit: str) -> list:
     """The layouts a unit is swept on: the model also with its lm_head over the attention-TP group."""
-    return [layout, replace(layout, dp_lm_head=True)] if unit == "model" and layout.dp > 1 else [layout]
+    return [layout, replace(layout, dp_lm_head=True)] if units.get(unit).whole_model and layout.dp > 1 else [layout]
 
 
 def test_sweep_reaches_both_padding_modes_an_idle_rank_and_dp_lm_head():

@@ -20,6 +20,7 @@ import uuid
 import pytest
 from hypothesis import strategies as st
 
+from dpep_parity.checks import units
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.targets.protocol import known_failure, resolve, skip_reason
@@ -45,9 +46,9 @@ def busy_batches(draw, dp: int) -> Batch:
 @st.composite
 def precision_examples(draw, fixtures, world_sizes, dtypes, unit: str) -> Example:
     fixture = draw(st.sampled_from(sorted(fixtures)))
-    layout = draw(st.sampled_from(layouts_for(fixture, world_sizes, with_dp_lm_head=(unit == "model"))))
+    layout = draw(st.sampled_from(layouts_for(fixture, world_sizes, with_dp_lm_head=units.get(unit).whole_model)))
     n_layers = FIXTURES[fixture].num_hidden_layers
-    layer = 0 if unit == "model" else draw(st.integers(0, n_layers - 1))
+    layer = 0 if units.get(unit).whole_model else draw(st.integers(0, n_layers - 1))
     return Example(fixture, layout, draw(busy_batches(layout.dp)), draw(st.sampled_from(dtypes)), layer)
 
 

@@ -25,6 +25,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from dpep_parity.checks import units
 from dpep_parity.checks.batches import Batch
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.targets.protocol import UNITS, known_failure, resolve, skip_reason
@@ -46,14 +47,14 @@ class ForwardSequence(RuleBasedStateMachine):
         self.unit = data.draw(st.sampled_from([u for u in self.units if u in target.units]), label="unit")
         self.fixture = data.draw(st.sampled_from(sorted(s.fixtures)), label="fixture")
         config = fixture_config(self.fixture)
-        lays = [lay for lay in layouts_for(self.fixture, s.world_sizes, with_dp_lm_head=self.unit == "model")
+        lays = [lay for lay in layouts_for(self.fixture, s.world_sizes, with_dp_lm_head=units.get(self.unit).whole_model)
                 if not skip_reason(target, self.unit, config, lay)]
         if not lays:
             search.rejected(f"skipped: target {target.name} skips every layout of {self.fixture} for {self.unit}")
         self.layout = data.draw(st.sampled_from(lays), label="layout")
         self.dtype = data.draw(st.sampled_from(list(s.dtypes)), label="dtype")
         n_layers = FIXTURES[self.fixture].num_hidden_layers
-        self.layer = 0 if self.unit == "model" else data.draw(st.integers(0, n_layers - 1), label="layer")
+        self.layer = 0 if units.get(self.unit).whole_model else data.draw(st.integers(0, n_layers - 1), label="layer")
         self.build_id = uuid.uuid4().hex          # a build of its own: no state from other runs or tests
         self.forwards = 0
         self.worst = None

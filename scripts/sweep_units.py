@@ -6,9 +6,11 @@ the number of near-tie rows excused. Used for the figures in docs/property-suite
 """
 import time
 
+from dpep_parity.checks import units
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.units import UNITS
 from dpep_parity.fixtures.build import fixture_path
 
 LAYOUTS = [Layout(1), Layout(2), Layout(2, 2, 1), Layout(2, 2, 2), Layout(4, 2, 2), Layout(4, 4, 4),
@@ -19,12 +21,12 @@ def main():
     for fx in ["qwen2-moe-shared", "qwen3-moe", "qwen2-moe-noshared", "qwen3-moe-dense"]:
         p = str(fixture_path(fx))
         for lay in LAYOUTS:
-            for unit in ["moe", "attention", "decoder", "model"]:
+            for unit in UNITS:
                 for dtype in ["float32", "bfloat16"]:
                     b = Batch(((Request(0, 5), Request(3, 1)),) +
                               tuple(((Request(2, 3),), ())[i % 2] for i in range(lay.dp - 1)), seed=1)
                     t = time.time()
-                    r = run_example("spec", unit, p, lay, b, dtype, layer=1 if unit != "model" else 0)
+                    r = run_example("spec", unit, p, lay, b, dtype, layer=units.get(unit).layer(1))
                     v = r.verdict
                     print(f"{fx:20s} {str(lay):14s} {unit:9s} {dtype:9s} ok={r.ok} {time.time() - t:.2f}s",
                           "" if r.ok else r.report()[:1500],

@@ -42,8 +42,8 @@ import torch
 from dpep_parity import own_module
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.units import UNITS  # noqa: F401  (re-exported: the registry is checks/units/)
 
-UNITS = ("moe", "attention", "decoder", "model")
 ALIASES = {"spec": "dpep_parity.checks.targets.spec:SPEC", "sglang": "dpep_parity.checks.targets.sglang:TARGET"}
 
 

@@ -7,10 +7,13 @@ import warnings
 import pytest
 import torch
 
+from dpep_parity.checks import units
 from dpep_parity.checks.batches import Batch, Request, seq_inputs, seq_token_ids
 from dpep_parity.checks.reference import Oracle
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.specs import FIXTURES, sparse_layers
+
+ATTN = units.get("attention")
 
 # three DP ranks: an extend request and a request with a cached prefix, an idle rank, a 2+4 request
 BATCH = Batch(((Request(0, 5), Request(3, 1)), (), (Request(2, 4),)), seed=11)
@@ -69,7 +72,7 @@ def test_units_equal_the_hf_modules_run_directly(name):
     H = o.config.hidden_size
     for layer_i in range(o.config.num_hidden_layers):
         seqs = seq_inputs(BATCH, H, torch.float64)
-        ua, ud = o.attention(layer_i, BATCH, seqs), o.decoder(layer_i, BATCH, seqs)
+        ua, ud = (units.get(u).reference(o, layer_i, BATCH, seqs) for u in ("attention", "decoder"))
         for dt, a_got, d_got in ((torch.float64, ua.truth, ud.truth), (torch.float32, ua.ref, ud.ref)):
             layer = hf_model(name, dt).model.layers[layer_i]
             rotary = hf_model(name, dt).model.rotary_emb
@@ -140,14 +143,14 @@ def test_attention_is_causal_and_prefix_aware():
     H = o.config.hidden_size
     one = Batch(((Request(4, 3),),), seed=5)
     seqs = seq_inputs(one, H, torch.float64)
-    base = o.attention(0, one, seqs).truth
+    base = ATTN.reference(o, 0, one, seqs).truth
     later = [seqs[0].clone()]
     later[0][-1] += 1.0                                           # change the last token only
-    out = o.attention(0, one, later).truth
+    out = ATTN.reference(o, 0, one, later).truth
     assert torch.equal(out[:2], base[:2]) and not torch.equal(out[2], base[2])
     earlier = [seqs[0].clone()]
     earlier[0][0] += 1.0                                          # change a prefix token
-    assert not torch.equal(o.attention(0, one, earlier).truth[0], base[0])
+    assert not torch.equal(ATTN.reference(o, 0, one, earlier).truth[0], base[0])
 
 
 @pytest.mark.parametrize("name", ["qwen3-moe-dense", "qwen2-moe-shared"])
@@ -185,4 +188,4 @@ def test_router_probabilities_for_sparse_layers_only(name):
         assert len(um.router) == int(s)
         if s:
             assert um.router[0][0].shape == (6, o.config.num_experts)
-    assert o.attention(1, BATCH, seq_inputs(BATCH, o.config.hidden_size, torch.float64)).router == []
+    assert ATTN.reference(o, 1, BATCH, seq_inputs(BATCH, o.config.hidden_size, torch.float64)).router == []

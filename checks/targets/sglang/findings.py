@@ -11,6 +11,7 @@ with surplus rows (pad rows dispatched) under DP attention.
 """
 from __future__ import annotations
 
+from dpep_parity.checks import units
 from dpep_parity.fixtures.specs import FIXTURES, sparse_layers
 
 F1 = "sglang F1 (docs/findings.md): dense layer built as a MoE block, its weights dropped (B09)"
@@ -33,6 +34,4 @@ def explained(res, fixture: str, layer: int | None = None) -> str | None:
 
 def _reaches_dense_layer(spec, unit: str, layer) -> bool:
     dense = [not s for s in sparse_layers(spec)]
-    if unit == "model":
-        return any(dense)
-    return unit in ("moe", "decoder") and layer is not None and dense[layer]
+    return units.get(unit).reaches_dense_layer(dense, layer)

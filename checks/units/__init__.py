@@ -1,0 +1,99 @@
+"""The units the suite checks, one module each (moe, attention, decoder, model), in one registry.
+
+A unit says what it takes (per-request hidden sequences, the extend rows only, or token ids), what every rank
+returns (its key and width), how the single-device oracle computes it (truth, reference and the decoy-company
+variants), and which unit-specific checks apply (routing over one layer or every layer, dispatch counts, the
+greedy token). The judge (checks.parity), the rank job (checks.unitjob), the strategies and the tools read
+these fields instead of testing unit names.
+
+Adding a unit is one module in this package defining ``UNIT = Unit(...)`` (and each target's implementation
+of it: a target that does not implement a unit lists only the others in its ``units``).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from dpep_parity.checks.batches import Batch, seq_inputs, seq_token_ids
+
+if TYPE_CHECKING:
+    from dpep_parity.checks.reference import Oracle, UnitRef
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    order: int                                   # position in UNITS (reports, sweeps)
+    takes: Literal["sequences", "rows", "tokens"]
+    # sequences: per request [prefix+extend, hidden]; rows: the extend rows of every request as one tensor
+    # (an MLP sees no prefix); tokens: per request token ids (a whole model)
+    reference: Callable[[Oracle, int, Batch, list[torch.Tensor]], UnitRef]   # truth and reference
+    decoys: Callable[[Oracle, int, Batch, list[torch.Tensor]], list[torch.Tensor]]
+    whole_model: bool = False    # every layer: the layer is always 0, DP lm-head layouts apply, a change at one
+    #                              token carries to the later tokens of its request, the greedy token is checked
+    dispatch: bool = False       # the rows dispatched per expert are checked (a sparse layer's MLP runs)
+
+    @property
+    def output(self) -> str:
+        """The key of each rank's output."""
+        return "logits" if self.whole_model else "out"
+
+    def width(self, config: dict) -> int:
+        return config["vocab_size"] if self.whole_model else config["hidden_size"]
+
+    def layer(self, drawn: int) -> int:
+        return 0 if self.whole_model else drawn
+
+    def describe(self, layer: int) -> str:
+        return "model logits" if self.whole_model else f"{self.name} layer {layer}"
+
+    def sparse_layers_run(self, sparse: list[bool], layer: int) -> list[int]:
+        """The sparse layers whose router this unit runs."""
+        if self.whole_model:
+            return [i for i, s in enumerate(sparse) if s]
+        return [layer] if sparse[layer] else []
+
+    def reaches_dense_layer(self, dense: list[bool], layer: int | None) -> bool:
+        """Whether this unit runs a dense layer's MLP."""
+        if self.whole_model:
+            return any(dense)
+        return self.dispatch and layer is not None and dense[layer]
+
+    def global_inputs(self, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The unit's inputs of every request in global order, rebuilt from the batch's seed."""
+        if self.takes == "tokens":
+            return seq_token_ids(batch, config["vocab_size"])
+        seqs = seq_inputs(batch, config["hidden_size"], dtype)
+        return self.rank_inputs([r for _, _, r in batch.requests_flat()], seqs, config, dtype)
+
+    def rank_inputs(self, requests, seqs: list[torch.Tensor], config: dict, dtype: torch.dtype):
+        """Inputs from the given requests' sequences (token ids or hidden states, one per request)."""
+        if self.takes != "rows":
+            return seqs
+        rows = [s[r.prefix:] for r, s in zip(requests, seqs, strict=True)]   # an MLP sees extend rows only
+        return [torch.cat(rows) if rows else torch.zeros(0, config["hidden_size"], dtype=dtype)]
+
+
+def _discover() -> dict[str, Unit]:
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        unit = getattr(importlib.import_module(f"{__name__}.{info.name}"), "UNIT", None)
+        if isinstance(unit, Unit):
+            found.append(unit)
+    return {u.name: u for u in sorted(found, key=lambda u: (u.order, u.name))}
+
+
+REGISTRY: dict[str, Unit] = _discover()
+UNITS: tuple[str, ...] = tuple(REGISTRY)
+
+
+def get(name: str) -> Unit:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown unit {name!r}: one of {', '.join(UNITS)}") from None
