@@ -2,7 +2,7 @@
 `gpu` marker, GPU slicing per xdist worker, the report header and reports/property-suite.json.
 
 Options: --target (spec, or package.module:object), --world-sizes, --dtypes, --models, --device,
---deadline. Hypothesis profiles (ci, the default; dev, fuzz, release, gpu, kill) are in checks/profiles.py;
+--deadline, and the world kind (--world local|torchrun, --world-driver, --world-agents, --world-nproc). Hypothesis profiles (ci, the default; dev, fuzz, release, gpu, kill) are in checks/profiles.py;
 choose with --hypothesis-profile or DPEP_PROFILE, and DPEP_MAX_EXAMPLES always sets the count. The `gpu`
 marker tags the production-size tier (property_tests/test_gpu.py), which skips without CUDA.
 
@@ -37,6 +37,15 @@ def pytest_addoption(parser):
     g.addoption("--device", default=os.environ.get("DPEP_DEVICE", "cpu"), choices=("cpu", "cuda", "auto"))
     g.addoption("--deadline", type=float, default=float(os.environ.get("DPEP_DEADLINE", "60")),
                 help="seconds an example may take before its world is diagnosed and killed")
+    g.addoption("--world", default=os.environ.get("DPEP_WORLD", "local"),
+                help="local: rank pools on this host (default); torchrun: the workers of torchrun agents on one "
+                     "or more hosts (docs/property-suite.md, 'Worlds beyond one host')")
+    g.addoption("--world-driver", default=os.environ.get("DPEP_WORLD_DRIVER", "127.0.0.1:0"),
+                help="torchrun: HOST:PORT this process listens on for the workers (their --driver)")
+    g.addoption("--world-agents", type=int, default=os.environ.get("DPEP_WORLD_AGENTS", "0"),
+                help="torchrun: launch this many agents on this host (0: the agents are started by hand)")
+    g.addoption("--world-nproc", type=int, default=os.environ.get("DPEP_WORLD_NPROC", "1"),
+                help="torchrun: workers per launched agent")
 
 
 @pytest.hookimpl(trylast=True)   # after hypothesis's plugin has loaded --hypothesis-profile
@@ -44,6 +53,7 @@ def pytest_configure(config):
     from dpep_parity.checks.suite_options import problems
     bad = problems(config.getoption("--target"), config.getoption("--world-sizes"), config.getoption("--dtypes"),
                    config.getoption("--models"), config.getoption("--deadline")) + profiles.problems()
+    bad += configure_world(config)
     if config.getoption("--device") == "cuda" and not hasattr(config, "workerinput"):
         from dpep_parity.checks.gpus import visible_gpus
         if not visible_gpus():   # read with nvidia-smi: nothing initializes CUDA in the controller
@@ -61,9 +71,26 @@ def pytest_configure(config):
         assign_worker_gpus(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
+def configure_world(config) -> list[str]:
+    """The world kind of this run (checks.world.configure), or what is wrong with its options."""
+    from dpep_parity.checks import world
+    settings = world.WorldSettings(config.getoption("--world"), config.getoption("--world-driver"),
+                                   config.getoption("--world-agents"), config.getoption("--world-nproc"))
+    sizes = [int(w) for w in config.getoption("--world-sizes").split(",") if w.strip().isdigit()]
+    bad = settings.problems(sizes)
+    n = getattr(config.option, "numprocesses", None)
+    if settings.kind == "torchrun" and not settings.agents and isinstance(n, int) and n > 0:
+        bad.append("--world torchrun with agents started by hand serves one test process: run with -p no:xdist "
+                   "(or -n 0)")
+    if not bad:
+        world.configure(settings)
+    return bad
+
+
 def pytest_report_header(config):
     sizes = [int(w) for w in config.getoption("--world-sizes").split(",") if w]
     return [f"dpep: target={config.getoption('--target')} device={config.getoption('--device')} "
+            f"world={config.getoption('--world')} "
             f"world sizes={config.getoption('--world-sizes')} dtypes={config.getoption('--dtypes')} "
             f"hypothesis profile={settings.get_current_profile_name()} "
             f"(max_examples={settings.default.max_examples})",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -195,15 +196,15 @@ class World:
                     msg = transport.loads(c.recv_bytes())
                 except (EOFError, OSError):
                     states[r].finished = states[r].died = True
-                    states[r].error = states[r].error or f"rank {r} process died (exit code {self._procs[r].exitcode})"
+                    states[r].error = states[r].error or f"rank {r} process died ({self._exit_status(r)})"
                     continue
                 last_event = time.monotonic()
                 _apply(states[r], msg)
             now = time.monotonic()
-            for r, p in enumerate(self._procs):
-                if not p.is_alive() and not states[r].finished:
+            for r in self._dead_ranks():
+                if not states[r].finished:
                     states[r].finished = states[r].died = True
-                    states[r].error = f"rank {r} process died (exit code {p.exitcode})"
+                    states[r].error = f"rank {r} process died ({self._exit_status(r)})"
             if all(s.finished for s in states):
                 break
             hang = diagnose(states, quiet=now - last_event >= self.quiet_s)
@@ -217,9 +218,10 @@ class World:
             msg = "\n".join(f"--- rank {r} raised:\n{e}" for r, e in errors)
             # a collective mismatch often kills gloo ranks: name it from the records
             mismatch = "\n".join(mismatches({r: s.records for r, s in enumerate(states)}))
-            if any(s.died for s in states) or any(not p.is_alive() for p in self._procs):
-                self.close()
-            raise WorldFailure("rank-error", msg + ("\n" + mismatch if mismatch else ""),
+            placement = self.placement()
+            if any(s.died for s in states) or self._dead_ranks():
+                self._discard(hung=False, died=True)
+            raise WorldFailure("rank-error", msg + ("\n" + mismatch if mismatch else "") + placement,
                                {r: s.records for r, s in enumerate(states)})
         return [RankResult(r, s.value, s.records, s.seconds) for r, s in enumerate(states)]
 
@@ -228,8 +230,27 @@ class World:
         if any(s.error for s in states):
             kind = "rank-error"   # a rank raised and left the others waiting: the error is the cause
         errors = "".join(f"\n--- rank {r} raised:\n{s.error}" for r, s in enumerate(states) if s.error)
-        self.close(kill=True)   # ranks blocked in collectives cannot be recovered: kill, restart on next use
-        raise WorldFailure(kind, message + errors, records)
+        placement = self.placement()
+        # ranks blocked in collectives cannot be recovered: kill, restart on next use
+        self._discard(hung=True, died=any(s.died for s in states))
+        raise WorldFailure(kind, message + errors + placement, records)
+
+    # ---------------- what a world of another kind (checks.torchrun_world) redefines ----------------
+    def _discard(self, hung: bool, died: bool) -> None:
+        """After a failed example: ranks that hang are killed at once, others asked to stop first; the
+        world restarts on next use."""
+        self.close(kill=hung)
+
+    def _dead_ranks(self) -> list[int]:
+        """Ranks whose process is known to have ended (a remote world learns it from the connection)."""
+        return [r for r, p in enumerate(self._procs) if not p.is_alive()]
+
+    def _exit_status(self, r: int) -> str:
+        return f"exit code {self._procs[r].exitcode}" if r < len(self._procs) else "connection lost"
+
+    def placement(self) -> str:
+        """Where each rank runs, appended to a diagnosis (every rank of a local world is on this host)."""
+        return ""
 
 
 def _apply(state: _RankState, msg):
@@ -351,6 +372,15 @@ def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
     except BaseException:
         send(("failed", traceback.format_exc()))
         return
+    serve_jobs(conn, ctx, send)
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def serve_jobs(conn, ctx: RankContext, send) -> None:
+    """A rank's loop: run each job the parent sends until it sends None or the connection ends."""
     while True:
         try:
             data = conn.recv_bytes()
@@ -359,26 +389,101 @@ def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
         job = transport.loads(data)
         if job is None:
             break
-        rec.reset()
+        ctx.recorder.reset()
         t0 = time.perf_counter()
         try:
             value = job(ctx)
             send(("done", value, time.perf_counter() - t0))
         except BaseException:
             send(("error", f"{traceback.format_exc()}"))
+
+
+# ---------------- which kind of world: local pools, or a torchrun world ----------------
+@dataclass(frozen=True)
+class WorldSettings:
+    """`local` (default): rank pools this process spawns on its host. `torchrun`: the workers of torchrun
+    agents on one or more hosts (checks.torchrun_world); this process listens on `driver` for them and
+    launches `agents` agents of `nproc` workers here itself (0: they are started by hand, on any hosts)."""
+    kind: str = "local"
+    driver: str = "127.0.0.1:0"
+    agents: int = 0
+    nproc: int = 1
+
+    @classmethod
+    def from_env(cls) -> WorldSettings:
+        env = os.environ
+        return cls(env.get("DPEP_WORLD", "local"), env.get("DPEP_WORLD_DRIVER", "127.0.0.1:0"),
+                   _int(env.get("DPEP_WORLD_AGENTS", "0")), _int(env.get("DPEP_WORLD_NPROC", "1")))
+
+    @property
+    def size(self) -> int | None:
+        """The torchrun world's size when this process launches its agents (else learned as workers join)."""
+        return self.agents * self.nproc if self.kind == "torchrun" and self.agents else None
+
+    def problems(self, world_sizes: list[int] | None = None) -> list[str]:
+        out = []
+        if self.kind not in ("local", "torchrun"):
+            return [f"--world: {self.kind!r} is not a world kind (local | torchrun)"]
+        if self.kind == "local":
+            return out
+        host, _, port = self.driver.rpartition(":")
+        if not host or not port.isdigit():
+            out.append(f"--world-driver: {self.driver!r} is not HOST:PORT (e.g. 0.0.0.0:29600)")
+        if self.agents < 0 or self.nproc < 1:
+            out.append(f"--world-agents {self.agents} / --world-nproc {self.nproc}: need agents >= 0, nproc >= 1")
+        if not self.agents and not os.environ.get("DPEP_WORLD_KEY"):
+            out.append("--world torchrun with agents started by hand: set DPEP_WORLD_KEY (the same hex secret "
+                       "on this host and in every agent's environment) so that workers can authenticate")
+        if not self.agents and self.driver.rpartition(":")[2] == "0":
+            out.append("--world torchrun with agents started by hand: give --world-driver a fixed port, the one "
+                       "the agents' --driver names")
+        if self.size and world_sizes and set(world_sizes) != {self.size}:
+            out.append(f"--world-sizes {','.join(map(str, world_sizes))}: a torchrun world of {self.agents} "
+                       f"agent(s) x {self.nproc} worker(s) has {self.size} ranks; run with --world-sizes {self.size}")
+        return out
+
+
+def _int(text: str) -> int:
     try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
+        return int(text)
+    except ValueError:
+        return -1
+
+
+_SETTINGS: WorldSettings | None = None
+
+
+def configure(settings: WorldSettings | None) -> None:
+    """Choose the world kind of this process (None: from the environment, DPEP_WORLD and its kin)."""
+    global _SETTINGS
+    _SETTINGS = settings
+
+
+def world_settings() -> WorldSettings:
+    return _SETTINGS if _SETTINGS is not None else WorldSettings.from_env()
 
 
 # ---------------- pool of worlds per process ----------------
 _LIVE: set[World] = set()
 _POOL: dict[tuple, World] = {}
+_LOCAL_NOTED: set[int] = set()
 
 
 def get_world(size: int, device: str = "cpu", deadline_s: float = 120.0, **kw) -> World:
-    """One world per (size, device) per test process, reused across examples."""
+    """One world per (size, device) per test process, reused across examples; under `--world torchrun` the
+    one torchrun world (checks.torchrun_world), whose size is fixed by its agents."""
+    settings = world_settings()
+    if settings.kind == "torchrun" and settings.size in (None, size):
+        from dpep_parity.checks.torchrun_world import shared_world
+        w = shared_world(settings, size, device, deadline_s)
+        if w.size == size:
+            return w
+    if settings.kind == "torchrun" and size not in _LOCAL_NOTED:
+        # the sign-off's matrix mixes world sizes (its 1-rank baseline): those run on local pools, said once;
+        # the property suite refuses such sizes before collecting (WorldSettings.problems)
+        _LOCAL_NOTED.add(size)
+        print(f"dpep: a world of {size} rank(s) runs on a local pool: the torchrun world has another size",
+              file=sys.stderr)
     key = (size, device)
     w = _POOL.get(key)
     if w is None:

@@ -31,3 +31,15 @@ class ReduceOnRole:
         if ctx.rank != self.idle:
             dist.all_reduce(torch.ones(2), group=getattr(groups, self.role))
         return 0
+
+
+@dataclass(frozen=True)
+class DieOnRank:
+    """Rank `bad`'s process ends abruptly (a segfault's kind of death) while the others enter an all-reduce."""
+    bad: int
+
+    def __call__(self, ctx):
+        if ctx.rank == self.bad:
+            os._exit(3)
+        dist.all_reduce(torch.ones(2))
+        return 0

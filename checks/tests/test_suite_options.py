@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dpep_parity.checks.suite_options import problems
+from dpep_parity.checks.world import WorldSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 OK = dict(target="spec", world_sizes="1,2,4", dtypes="float32,bfloat16", models="", deadline=60.0)
@@ -46,6 +47,9 @@ def test_valid_options_have_no_problem(opts):
 @pytest.mark.parametrize("args, says", [
     (["--world-sizes", "3"], "no valid layout of 3 ranks"),
     (["--dtypes", "float8", "--target", "nope.mod:X"], "cannot load target"),
+    (["--world", "slurm"], "'slurm' is not a world kind"),
+    (["--world", "torchrun", "--world-agents", "2", "--world-nproc", "2", "--world-sizes", "1,4"],
+     "has 4 ranks; run with --world-sizes 4"),
 ])
 def test_pytest_exits_4_before_collecting(args, says):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
@@ -55,3 +59,25 @@ def test_pytest_exits_4_before_collecting(args, says):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 4, out[-2000:]
     assert says in out and "collected" not in out
+
+
+@pytest.mark.parametrize("settings, says", [
+    (WorldSettings("mpi"), "'mpi' is not a world kind"),
+    (WorldSettings("torchrun", "localhost", 2, 2), "'localhost' is not HOST:PORT"),
+    (WorldSettings("torchrun", "127.0.0.1:0", 2, 0), "need agents >= 0, nproc >= 1"),
+    (WorldSettings("torchrun", "0.0.0.0:0", 0, 1), "give --world-driver a fixed port"),
+    (WorldSettings("torchrun", "127.0.0.1:0", 2, 2), "has 4 ranks; run with --world-sizes 4"),
+], ids=lambda x: str(x)[:48])
+def test_each_bad_world_option_is_named(settings, says, monkeypatch):
+    monkeypatch.setenv("DPEP_WORLD_KEY", "00" * 16)
+    assert any(says in p for p in settings.problems([1, 2, 4])), settings.problems([1, 2, 4])
+
+
+def test_hand_started_agents_need_the_shared_key(monkeypatch):
+    monkeypatch.delenv("DPEP_WORLD_KEY", raising=False)
+    bad = WorldSettings("torchrun", "0.0.0.0:29600").problems([4])
+    assert len(bad) == 1 and "set DPEP_WORLD_KEY" in bad[0]
+    monkeypatch.setenv("DPEP_WORLD_KEY", "00" * 16)
+    assert WorldSettings("torchrun", "0.0.0.0:29600").problems([4]) == []
+    assert WorldSettings("torchrun", "127.0.0.1:0", 2, 2).problems([4]) == []
+    assert WorldSettings().problems([1, 2, 4]) == []
