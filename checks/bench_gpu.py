@@ -32,6 +32,7 @@ import torch
 
 from dpep_parity.checks import numerics, units
 from dpep_parity.checks.batches import DTYPES, Batch, Request, seq_inputs
+from dpep_parity.checks.cli import prog
 from dpep_parity.checks.parity import ParityResult, judge, run_example
 from dpep_parity.checks.topology import Layout, validate
 from dpep_parity.checks.unitjob import UnitJob, load_weights
@@ -338,7 +339,7 @@ def cmd_gemm(a) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m checks.bench_gpu", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m checks.bench_gpu"), description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench")
     b.add_argument("--fixture", default="qwen3-30b-a3b-layer")

@@ -13,13 +13,14 @@ import sys
 import time
 
 from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.cli import prog
 from dpep_parity.checks.topology import Layout
 from dpep_parity.checks.unitjob import UnitJob
 from dpep_parity.checks.world import World
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m checks.bench_harness", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog=prog("python -m checks.bench_harness"), description=__doc__.split("\n\n")[0],
                                  epilog="Writes a markdown table to stdout (docs/harness.md).")
     ap.add_argument("--sizes", default="2,4", help="comma-separated world sizes (ranks), e.g. 2,4")
     ap.add_argument("--examples", type=int, default=40, help="examples per world size (reused world)")

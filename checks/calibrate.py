@@ -21,6 +21,7 @@ import time
 import torch
 
 from dpep_parity.checks import numerics
+from dpep_parity.checks.cli import prog
 
 DTYPE_NAMES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SIZE = (1024, 2048, 1024)
@@ -101,7 +102,7 @@ def table(dtypes=("bfloat16", "float16", "float32"), fan_ins=(1, 2, 4, 8), seeds
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m checks.calibrate", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m checks.calibrate"), description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--size", type=int, nargs=3, default=list(SIZE), metavar=("M", "K", "N"))
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPE_NAMES), choices=list(DTYPE_NAMES))

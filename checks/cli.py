@@ -33,6 +33,18 @@ The property suite itself runs under pytest: `python -m pytest property_tests ..
 Exit codes: the subcommand's own (README.md, "Exit codes"); 2 for an unknown subcommand."""
 
 
+_INVOKED: str | None = None      # "dpep SUB" while `dpep` runs a subcommand
+
+
+def prog(default: str, dispatcher: bool = False) -> str:
+    """The program name a tool's usage, help and errors show: `dpep SUB` when run through `dpep`, else its
+    `python -m` form (`default`). `dispatcher`: the tool's parser has subcommands of its own whose first one is
+    the `dpep` subcommand's name (`dpep signoff` is `python -m evals signoff`): then just "dpep"."""
+    if _INVOKED is None:
+        return default
+    return "dpep" if dispatcher else _INVOKED
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dpep", description="Parity suite for DP-attention / TP / EP serving of "
                                  "MoE models: the tools.", epilog=EPILOG,
@@ -51,7 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     cut = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
     command = parser().parse_args(argv[:cut + 1]).command
     module, prefix, _ = COMMANDS[command]
-    rc = importlib.import_module(own_module(module)).main([*prefix, *argv[cut + 1:]])
+    # set on the import root's copy of this module, the one the tools read (`python -m checks.cli` runs another)
+    from dpep_parity.checks import cli as canonical
+    canonical._INVOKED = f"dpep {command}"
+    try:
+        rc = importlib.import_module(own_module(module)).main([*prefix, *argv[cut + 1:]])
+    finally:
+        canonical._INVOKED = None
     return 0 if rc is None else int(rc)
 
 

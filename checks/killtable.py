@@ -35,6 +35,7 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dpep_parity.checks.cli import prog
 from dpep_parity.checks.mutants import CATALOG, NOT_EXPRESSED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +128,7 @@ def expectation(target: str) -> tuple[str, ...]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m checks.killtable", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m checks.killtable"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated catalog mutant ids")
     ap.add_argument("--target", action="append", default=[], metavar="PKG.MOD:OBJ",

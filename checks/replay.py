@@ -9,13 +9,14 @@ import argparse
 import sys
 
 from dpep_parity.checks.batches import DTYPES, parse_batch
+from dpep_parity.checks.cli import prog
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.topology import Layout
 from dpep_parity.checks.units import UNITS
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m checks.replay", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m checks.replay"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="spec")
     ap.add_argument("--unit", required=True, choices=UNITS)
     ap.add_argument("--fixture", required=True)

@@ -8,7 +8,9 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = argparse.ArgumentParser(prog="python -m evals", description="Accuracy-parity sign-off")
+    from dpep_parity.checks.cli import prog
+    parser = argparse.ArgumentParser(prog=prog("python -m evals", dispatcher=True),
+                                     description="Accuracy-parity sign-off")
     sub = parser.add_subparsers(dest="command", required=True)
     from dpep_parity.evals.signoff import add_arguments, run
 

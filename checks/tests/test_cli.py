@@ -43,11 +43,23 @@ def test_unknown_subcommand_is_a_usage_error(capsys):
     assert "invalid choice: 'nonexistent'" in capsys.readouterr().err
 
 
-def test_subcommand_help_is_the_modules_own():
+def test_subcommand_help_is_the_modules_own_under_the_name_typed():
     p = dpep("killtable", "--help")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("usage: python -m checks.killtable"), p.stdout
+    assert p.stdout.startswith("usage: dpep killtable"), p.stdout
     assert "--control" in p.stdout and "The kill table" in p.stdout
+    direct = subprocess.run([sys.executable, "-m", "checks.killtable", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert direct.stdout.startswith("usage: python -m checks.killtable"), direct.stdout
+    assert "--control" in direct.stdout and "The kill table" in direct.stdout
+
+
+# (signoff: argparse reports an unknown option from its top parser, which `dpep` names)
+@pytest.mark.parametrize("sub, usage", [("replay", "usage: dpep replay"), ("signoff", "usage: dpep [-h] {signoff}"),
+                                        ("fixtures", "usage: dpep fixtures"), ("bench", "usage: dpep bench")])
+def test_errors_name_the_command_typed(sub, usage):
+    p = dpep(sub, "--no-such-option")
+    assert p.returncode == 2 and p.stderr.startswith(usage), p.stderr
 
 
 def test_arguments_pass_through_unchanged_and_the_exit_code_comes_back(tmp_path, monkeypatch):
