@@ -33,13 +33,13 @@ def main(argv=None) -> int:
     from dpep_parity.evals.data import load_data
     from dpep_parity.evals.engines import open_lm
     from dpep_parity.evals.matrix import Config, resolve_model
-    from dpep_parity.evals.samples import build_gsm8k, select_gsm8k
+    from dpep_parity.evals.samples import prepare
     from dpep_parity.evals.tasks import TaskSet
 
     torch.set_num_threads(1)
     data = load_data(a.data_dir, ("gsm8k",))
     taskset = TaskSet(data, max_gen_toks=a.max_gen_toks)
-    samples = build_gsm8k(taskset, select_gsm8k(taskset, a.docs))
+    samples = prepare(taskset, "gsm8k", a.docs)
     model = resolve_model(a.model, "inproc", None)
     rows = []
     for name in a.layouts.split(","):

@@ -1,28 +1,22 @@
-"""Evaluation data: MMLU and GSM8K from the Hugging Face hub or from a local directory.
+"""Evaluation data of the registered tasks (evals/tasks/): from the Hugging Face hub or from a local directory.
 
-Local layout (as in ``../shared/data``)::
+Local layout (as in ``../shared/data``), one folder per task with one file per split the task names::
 
     DIR/mmlu/test.jsonl   DIR/mmlu/dev.jsonl      (subject, question, choices[4], answer 0-3)
     DIR/gsm8k/test.jsonl  DIR/gsm8k/train.jsonl   (question, answer ending in "#### <number>")
 
-Both sources yield the same in-memory rows, checked by the same validator, so a malformed local
-directory (or a changed hub dataset) is a clear :class:`DataError` before any model work starts.
+Both sources yield the same in-memory rows, checked by the same validator (the task's `check_row` and
+`check_splits`), so a malformed local directory (or a changed hub dataset) is a clear :class:`DataError`
+before any model work starts.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-HUB_MMLU = "cais/mmlu"
-HUB_GSM8K = ("openai/gsm8k", "main")
-TASKS = ("mmlu", "gsm8k")
-FILES = {"mmlu": ("test", "dev"), "gsm8k": ("test", "train")}
-_GSM8K_ANSWER = re.compile(r"####\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*$")
 
 
 class DataError(ValueError):
@@ -47,57 +41,21 @@ class EvalData:
 
 
 # ---------------------------------------------------------------------------------------- validation
-def _check_mmlu_row(row: object, where: str) -> None:
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    for key, typ in (("subject", str), ("question", str), ("choices", list), ("answer", int)):
-        if key not in row:
-            raise DataError(f"{where}: missing field {key!r} (MMLU rows need subject, question, "
-                            f"choices, answer)")
-        if not isinstance(row[key], typ) or isinstance(row[key], bool):
-            raise DataError(f"{where}: field {key!r} must be {typ.__name__}, got {type(row[key]).__name__}")
-    if len(row["choices"]) != 4 or not all(isinstance(c, str) for c in row["choices"]):
-        raise DataError(f"{where}: 'choices' must be a list of 4 strings")
-    if not 0 <= row["answer"] <= 3:
-        raise DataError(f"{where}: 'answer' must be 0..3, got {row['answer']}")
-    if not row["subject"]:
-        raise DataError(f"{where}: empty 'subject'")
+def _tasks(names: tuple[str, ...] | None) -> list:
+    from dpep_parity.evals import tasks
 
-
-def _check_gsm8k_row(row: object, where: str) -> None:
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    for key in ("question", "answer"):
-        if not isinstance(row.get(key), str):
-            raise DataError(f"{where}: field {key!r} must be a string (GSM8K rows need question, answer)")
-    if not _GSM8K_ANSWER.search(row["answer"]):
-        raise DataError(f"{where}: 'answer' does not end with '#### <number>'")
-
-
-_CHECKERS = {"mmlu": _check_mmlu_row, "gsm8k": _check_gsm8k_row}
+    return [tasks.get(n) for n in (tasks.names() if names is None else names)]
 
 
 def validate_rows(task: str, split: str, rows: list, origin: str) -> None:
+    """Every row through the task's validator (evals/tasks/<task>.py, `check_row`)."""
+    from dpep_parity.evals import tasks
+
     if not rows:
         raise DataError(f"{origin}: no rows in {task}/{split}")
-    check = _CHECKERS[task]
+    check = tasks.get(task).check_row
     for i, row in enumerate(rows):
         check(row, f"{origin}:{i + 1}")
-
-
-def validate_mmlu_splits(test: list[dict], dev: list[dict], origin: str) -> None:
-    from dpep_parity.evals.tasks import MMLU_SUBJECTS
-
-    missing = sorted(set(MMLU_SUBJECTS) - {r["subject"] for r in test})
-    if missing:
-        raise DataError(f"{origin}: MMLU test lacks {len(missing)} of the 57 subjects, e.g. {missing[:3]}")
-    unknown = sorted({r["subject"] for r in test} - set(MMLU_SUBJECTS))
-    if unknown:
-        raise DataError(f"{origin}: MMLU test has unknown subjects {unknown[:3]}")
-    per_subject = Counter(r["subject"] for r in dev)
-    short = sorted(s for s in MMLU_SUBJECTS if per_subject[s] < 5)
-    if short:
-        raise DataError(f"{origin}: MMLU dev needs 5 few-shot rows per subject; too few for {short[:3]}")
 
 
 # ---------------------------------------------------------------------------------------- loading
@@ -114,37 +72,40 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def check_data_dir(data_dir: Path | str, tasks: tuple[str, ...] = TASKS) -> Path:
-    """Cheap structural check (directory and files present) used before anything starts."""
+def check_data_dir(data_dir: Path | str, tasks: tuple[str, ...] | None = None) -> Path:
+    """Cheap structural check (directory and files present) used before anything starts. `tasks`: task names
+    (default: every registered task)."""
     d = Path(data_dir)
+    todo = _tasks(tasks)
     if not d.is_dir():
+        layout = ", ".join(f"{t.name}/*.jsonl" for t in todo)
         raise DataError(f"data dir {d} does not exist or is not a directory "
-                        f"(expected the layout of ../shared/data: mmlu/*.jsonl, gsm8k/*.jsonl)")
-    for task in tasks:
-        for split in FILES[task]:
-            f = d / task / f"{split}.jsonl"
+                        f"(expected the layout of ../shared/data: {layout})")
+    for task in todo:
+        for split in task.splits:
+            f = d / task.name / f"{split}.jsonl"
             if not f.is_file():
-                raise DataError(f"data dir {d}: missing {task}/{split}.jsonl")
+                raise DataError(f"data dir {d}: missing {task.name}/{split}.jsonl")
     return d
 
 
-def load_local(data_dir: Path | str, tasks: tuple[str, ...] = TASKS) -> EvalData:
+def load_local(data_dir: Path | str, tasks: tuple[str, ...] | None = None) -> EvalData:
     d = check_data_dir(data_dir, tasks)
     data = EvalData(source=f"local:{d.resolve()}")
-    for task in tasks:
-        data.splits[task] = {}
-        for split in FILES[task]:
-            path = d / task / f"{split}.jsonl"
+    for task in _tasks(tasks):
+        data.splits[task.name] = {}
+        for split in task.splits:
+            path = d / task.name / f"{split}.jsonl"
             rows = read_jsonl(path)
-            validate_rows(task, split, rows, str(path))
-            data.splits[task][split] = rows
-    if "mmlu" in tasks:
-        validate_mmlu_splits(data.rows("mmlu", "test"), data.rows("mmlu", "dev"), str(d / "mmlu"))
+            validate_rows(task.name, split, rows, str(path))
+            data.splits[task.name][split] = rows
+        task.check_splits(data.splits[task.name], str(d / task.name))
     return data
 
 
-def load_hub(tasks: tuple[str, ...] = TASKS) -> EvalData:
-    """The real hub path: cais/mmlu (one config per subject, as lm-eval loads it) and openai/gsm8k."""
+def load_hub(tasks: tuple[str, ...] | None = None) -> EvalData:
+    """The real hub path: each task's `load_hub` (cais/mmlu, one config per subject as lm-eval loads it;
+    openai/gsm8k)."""
     try:
         return _load_hub(tasks)
     except DataError:
@@ -154,36 +115,17 @@ def load_hub(tasks: tuple[str, ...] = TASKS) -> EvalData:
                         f"({type(e).__name__}: {e}); pass --data-dir DIR to use a local copy") from e
 
 
-def _load_hub(tasks: tuple[str, ...]) -> EvalData:
-    import datasets
-
-    from dpep_parity.evals.tasks import MMLU_SUBJECTS
-
+def _load_hub(tasks: tuple[str, ...] | None) -> EvalData:
     data = EvalData(source="hub")
-    if "mmlu" in tasks:
-        test, dev = [], []
-        for subject in MMLU_SUBJECTS:
-            ds = datasets.load_dataset(HUB_MMLU, subject)
-            test += [dict(r, subject=subject) for r in ds["test"]]
-            dev += [dict(r, subject=subject) for r in ds["dev"]]
-        data.splits["mmlu"] = {"test": test, "dev": dev}
-    if "gsm8k" in tasks:
-        ds = datasets.load_dataset(*HUB_GSM8K)
-        data.splits["gsm8k"] = {"test": list(ds["test"]), "train": list(ds["train"])}
-    for task in tasks:
-        for split, rows in data.splits[task].items():
-            validate_rows(task, split, rows, f"hub:{task}/{split}")
-    if "mmlu" in tasks:
-        validate_mmlu_splits(data.rows("mmlu", "test"), data.rows("mmlu", "dev"), "hub:cais/mmlu")
+    todo = _tasks(tasks)
+    for task in todo:
+        data.splits[task.name] = task.load_hub()
+    for task in todo:
+        for split, rows in data.splits[task.name].items():
+            validate_rows(task.name, split, rows, f"hub:{task.name}/{split}")
+        task.check_splits(data.splits[task.name], f"hub:{task.name}")
     return data
 
 
-def load_data(data_dir: Path | str | None, tasks: tuple[str, ...] = TASKS) -> EvalData:
+def load_data(data_dir: Path | str | None, tasks: tuple[str, ...] | None = None) -> EvalData:
     return load_hub(tasks) if data_dir is None else load_local(data_dir, tasks)
-
-
-def gsm8k_gold(answer: str) -> str:
-    m = _GSM8K_ANSWER.search(answer)
-    if not m:
-        raise DataError(f"GSM8K answer without '#### <number>': {answer[-40:]!r}")
-    return m.group(1).replace(",", "")

@@ -1,6 +1,8 @@
 """The paired accuracy-parity gate: every configuration against the baseline, per measure.
 
-Measures (each a paired binary outcome per unit, units grouped in clusters):
+Measures (each a paired binary outcome per unit, units grouped in clusters) belong to the eval tasks
+(evals/tasks/<task>.py, a `Measure` each: which records' outcome, unit, cluster, default margin); the
+statistics here are the same for all. The shipped ones:
   mmlu        per item: the answer is right; clusters: subjects.
   gsm8k       per item: the extracted answer is right (gate.gsm8k_metric); items independent.
   gsm8k-gold  per token of the reference solution, fed by teacher forcing after the prompt (served by decode
@@ -16,8 +18,8 @@ Verdict per (configuration, measure), see docs/evals.md:
   FAIL          a test of the error-controlled family rejects at alpha after Holm's correction over every
                 configuration and measure of the sign-off: the difference test (exact sign-flip test of the
                 clusters' summed differences: exact McNemar when units are independent) or, for MMLU, the
-                answer-symmetry test (Bowker's statistic, cluster sign-flip p-value), or, for gsm8k-gold,
-                the tolerance test against the float64 truth; or a declared hard
+                answer-symmetry test (Bowker's statistic, cluster sign-flip p-value; measures with answer
+                letters), or the tolerance test against the float64 truth (measures marked `tolerance`); or a declared hard
                 limit (min_agreement, max_logprob_drift) is broken.
   PASS          no FAIL, and equivalence within +-margin is shown by both the exact interval and the
                 cluster-robust t interval of the difference (stats.equivalence).
@@ -33,16 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpep_parity.checks.numerics import FACTOR
-from dpep_parity.evals import stats
+from dpep_parity.evals import stats, tasks
 from dpep_parity.evals.matrix import GateSettings
+from dpep_parity.evals.tasks.base import PairingError  # noqa: F401  (re-exported: the gate raises it)
 
 LETTERS = "ABCD"
 ORDER = {"PASS": 0, "INCONCLUSIVE": 1, "FAIL": 2}
-MEASURES = ("mmlu", "gsm8k", "gsm8k-gold")
-
-
-class PairingError(ValueError):
-    """Two runs cannot be paired: different documents or different prompts."""
+MEASURES = tuple(tasks.measures())   # the registered tasks' measures (evals/tasks/), in task order
 
 
 @dataclass
@@ -81,33 +80,13 @@ def pair(task: str, base_records: list[dict], cfg_records: list[dict], base_name
 
 
 def measures_of(task: str, p: Paired) -> list[str]:
-    """The measures a task's paired records support."""
-    if task != "gsm8k":
-        return [task]
-    gold = all("gold_greedy" in r for r in p.base + p.cfg)
-    return ["gsm8k", "gsm8k-gold"] if gold and p.base else ["gsm8k"]
-
-
-def correct(rec: dict, gate: GateSettings) -> float:
-    return rec["metrics"]["acc"] if rec["task"] == "mmlu" else rec["metrics"][gate.gsm8k_metric]
+    """The measures a task's paired records support (the task object decides)."""
+    return tasks.get(task).measures_of(p)
 
 
 def outcomes(p: Paired, measure: str, gate: GateSettings):
-    """(baseline outcomes, configuration outcomes, cluster of each unit) as arrays."""
-    if measure == "gsm8k-gold":
-        yb, yc, cl = [], [], []
-        for rb, rc in zip(p.base, p.cfg, strict=True):
-            if len(rb["gold_greedy"]) != len(rc["gold_greedy"]):
-                raise PairingError(f"gsm8k-gold: {rb['doc_id']} scored {len(rb['gold_greedy'])} reference "
-                                   f"tokens on {p.base_name!r}, {len(rc['gold_greedy'])} on {p.cfg_name!r}")
-            yb += rb["gold_greedy"]
-            yc += rc["gold_greedy"]
-            cl += [rb["doc_id"]] * len(rb["gold_greedy"])
-        return np.array(yb, dtype=float), np.array(yc, dtype=float), np.array(cl)
-    yb = np.array([correct(r, gate) for r in p.base])
-    yc = np.array([correct(r, gate) for r in p.cfg])
-    cl = np.array([r["subject"] if measure == "mmlu" else r["doc_id"] for r in p.base])
-    return yb, yc, cl
+    """(baseline outcomes, configuration outcomes, cluster of each unit) as arrays (the measure decides)."""
+    return tasks.measure(measure).outcomes(p, gate)
 
 
 def error_test(p: Paired, truth: dict[str, dict], gate: GateSettings) -> dict:
@@ -158,8 +137,10 @@ def error_test(p: Paired, truth: dict[str, dict], gate: GateSettings) -> dict:
 def compare(p: Paired, gate: GateSettings, kind: str = "config", measure: str | None = None,
             truth: dict[str, dict] | None = None) -> dict:
     """All paired statistics of one configuration vs the baseline on one measure (fractions). `truth`: the
-    float64 truth run's gsm8k-gold records by document id, for the tolerance test (gsm8k-gold only)."""
+    float64 truth run's records of the measure by document id, for the tolerance test (measures marked
+    `tolerance`: gsm8k-gold)."""
     measure = measure or p.task
+    m = tasks.measure(measure)
     yb, yc, cl = outcomes(p, measure, gate)
     n = int(yb.size)
     _, inv = np.unique(cl, return_inverse=True) if n else (None, np.zeros(0, dtype=int))
@@ -177,24 +158,23 @@ def compare(p: Paired, gate: GateSettings, kind: str = "config", measure: str | 
     margin = gate.margin_for(measure) / 100
     eq = stats.equivalence(b, c, n, delta, se_d, max(n_clusters - 1, 1), margin, gate.alpha)
     lo, hi = stats.paired_bootstrap_ci(yb, yc, clusters, n_boot=gate.bootstrap, seed=gate.seed)
+    agreement, agreement_what = m.agreement(p)
     out = {
         "kind": kind, "task": measure, "config": p.cfg_name, "baseline": p.base_name, "n": n,
-        "unit": "token" if measure == "gsm8k-gold" else "item",
+        "unit": m.unit,
         "n_clusters": n_clusters if clustered else None,
         "acc_base": acc_b, "se_base": se_b, "acc_cfg": acc_c, "se_cfg": se_c,
-        "se_kind": {"mmlu": "cluster-robust by subject", "gsm8k-gold": "cluster-robust by document"}.get(
-            measure, "iid"),
+        "se_kind": f"cluster-robust by {m.cluster}" if m.cluster else "iid",
         "delta": delta, "se_delta": se_d, "ci95_bootstrap": [lo, hi], "b_base_only": b, "c_cfg_only": c,
         "p_diff": stats.signflip_test(cluster_sums),
-        "diff_test": "exact sign-flip test over " + ("subjects" if measure == "mmlu" else "documents")
-                     if clustered else "exact McNemar test",
+        "diff_test": f"exact sign-flip test over {m.cluster or 'document'}s" if clustered else "exact McNemar test",
         "equivalence": {"shown": eq.shown, "exact": [eq.exact_low, eq.exact_high], "t": [eq.t_low, eq.t_high],
                         "p_t": eq.p},
-        "margin": margin, "symmetry": None, "drift": None, "error": None,
+        "margin": margin, "symmetry": None, "drift": m.drift(p), "error": None,
+        "agreement": agreement, "agreement_what": agreement_what,
     }
-    if measure == "mmlu":
-        pb = [r["pred"] for r in p.base]
-        pc = [r["pred"] for r in p.cfg]
+    if m.answers is not None:
+        pb, pc = m.answers(p)
         tables = np.zeros((n_clusters, 4, 4), dtype=int)
         for g, i, j in zip(inv, pb, pc):
             tables[g, i, j] += 1
@@ -203,27 +183,8 @@ def compare(p: Paired, gate: GateSettings, kind: str = "config", measure: str | 
         out["symmetry"] = {"statistic": sym.statistic, "df": sym.df, "p": sym.p_exact,
                            "p_chi2": sym.p_asymptotic, "method": sym.method, "table": tables.sum(0).tolist(),
                            "top_flips": [[f"{x}->{y}", k] for (x, y), k in flips.most_common(3)]}
-        out["agreement"] = float(np.mean(np.array(pb) == np.array(pc)))
-        pairs = list(zip(p.base, p.cfg, strict=True))
-        chosen = np.array([abs(rc["lls"][rb["pred"]] - rb["lls"][rb["pred"]]) for rb, rc in pairs])
-        every = np.array([max(abs(x - y) for x, y in zip(rb["lls"], rc["lls"], strict=True))
-                          for rb, rc in pairs])
-        out["drift"] = {"mean_abs_chosen": float(chosen.mean()), "max_abs_chosen": float(chosen.max()),
-                        "max_abs_any_choice": float(every.max())}
-        out["agreement_what"] = "same answer letter"
-    elif measure == "gsm8k":
-        same = [rb["generation"] == rc["generation"] for rb, rc in zip(p.base, p.cfg, strict=True)]
-        out["agreement"] = float(np.mean(same))
-        out["agreement_what"] = "identical greedy generation"
-    else:
-        lp = np.array([x for r in p.base for x in r["gold_logprob"]]) - \
-            np.array([x for r in p.cfg for x in r["gold_logprob"]])
-        out["agreement"] = float(np.mean(yb == yc))
-        out["agreement_what"] = "same greedy verdict on each reference token"
-        out["drift"] = {"mean_abs_chosen": float(np.abs(lp).mean()), "max_abs_chosen": float(np.abs(lp).max()),
-                        "max_abs_any_choice": float(np.abs(lp).max())}
-        if truth is not None:
-            out["error"] = error_test(p, truth, gate)
+    if m.tolerance and truth is not None:
+        out["error"] = error_test(p, truth, gate)
     out["n_disagree"] = round((1 - out["agreement"]) * n)
     return out
 
@@ -232,13 +193,14 @@ def _pts(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-TESTS = ("p_diff", "symmetry", "error")   # the difference test; MMLU's symmetry test; gsm8k-gold's tolerance test
+TESTS = ("p_diff", "symmetry", "error")   # the difference test; the symmetry test (answer letters: MMLU); the
+#                                           tolerance test (gsm8k-gold)
 
 
 def family(comparisons: list[dict]) -> list[tuple[int, str]]:
     """The error-controlled family: the difference test of every configuration comparison, the symmetry test
-    of every MMLU one and the tolerance test of every gsm8k-gold one with a truth run. A/A comparisons are
-    diagnostics, not in it."""
+    of every one with answer letters (MMLU) and the tolerance test of every one with a truth run (gsm8k-gold).
+    A/A comparisons are diagnostics, not in it."""
     return [(i, key) for i, c in enumerate(comparisons) if c["kind"] == "config"
             for key in TESTS if key == "p_diff" or c.get(key)]
 
@@ -354,8 +316,9 @@ def planned_sizes(n_by_task: dict[str, int], gate: GateSettings, n_configs: int,
                   flip_rates=(0.0, 0.01, 0.05), tests_per_task: dict[str, int] | None = None) -> list[dict]:
     """Before the run, per task: the items needed for PASS with probability gate.power at assumed flip rates
     (stats.planned_n, exact interval), and the MDD of the difference test at those rates with Holm's
-    correction (its first step: alpha / family size, the family counting every configuration's tests)."""
-    per = {"mmlu": 2, "gsm8k": 1} | (tests_per_task or {})
+    correction (its first step: alpha / family size, the family counting every configuration's tests: per task,
+    `tests_per_task`, default each task's `tests` without gsm8k-gold and truth run)."""
+    per = {t: tasks.get(t).tests(in_process=False, truth=False) for t in n_by_task} | (tests_per_task or {})
     tests = n_configs * sum(per.get(t, 1) for t in n_by_task)
     rows = []
     for task, n in n_by_task.items():

@@ -98,17 +98,18 @@ class Config:
         return self.engine == "inproc" if self.deterministic is None else bool(self.deterministic)
 
 
-# Equivalence margins in accuracy points per measure, and why (docs/evals.md, "Margins"): a margin is the
-# smallest accuracy change a release must not ignore. MMLU: 1 point, about 2.5 standard errors of the full
-# benchmark (14,042 items) at 70 % accuracy, below the spread of published reruns of one model. GSM8K: 2
-# points, about 1.8 standard errors of its 1,319 items at 80 %. GSM8K reference-token agreement (tokens are
-# many, so the difference is precise): 1 point of tokens.
-DEFAULT_MARGINS = {"mmlu": 1.0, "gsm8k": 2.0, "gsm8k-gold": 1.0}
+def default_margins() -> dict[str, float]:
+    """Equivalence margins in accuracy points per measure: each registered task's measures declare theirs, and
+    why (evals/tasks/<task>.py; docs/evals.md, "Margins"): a margin is the smallest accuracy change a release
+    must not ignore."""
+    from dpep_parity.evals import tasks
+
+    return tasks.default_margins()
 
 
 @dataclass
 class GateSettings:
-    margin: float | dict = field(default_factory=lambda: dict(DEFAULT_MARGINS))   # points, per measure
+    margin: float | dict = field(default_factory=default_margins)   # points, per measure
     alpha: float = 0.05
     power: float = 0.8
     gsm8k_metric: str = "flexible-extract"
@@ -122,7 +123,7 @@ class GateSettings:
 
     def margin_for(self, measure: str) -> float:
         if isinstance(self.margin, dict):
-            return float(self.margin.get(measure, DEFAULT_MARGINS.get(measure, 1.0)))
+            return float(self.margin.get(measure, default_margins().get(measure, 1.0)))
         return float(self.margin)
 
 
@@ -273,12 +274,13 @@ def _parse_gate(raw: dict) -> tuple[GateSettings, list[str]]:
     p = [f"[known-keys] [gate] has unknown key {k!r}" for k in sorted(set(raw) - _GATE_KEYS)]
     g = GateSettings(**{k: v for k, v in raw.items() if k in _GATE_KEYS})
     if isinstance(g.margin, dict):
-        unknown = sorted(set(g.margin) - set(DEFAULT_MARGINS))
+        known = default_margins()
+        unknown = sorted(set(g.margin) - set(known))
         if unknown:
-            p.append(f"[gate] margin has unknown measures {unknown} (known: {sorted(DEFAULT_MARGINS)})")
+            p.append(f"[gate] margin has unknown measures {unknown} (known: {sorted(known)})")
         if not all(isinstance(v, int | float) and v > 0 for v in g.margin.values()):
             p.append(f"[gate] every margin must be a positive number of accuracy points, got {g.margin!r}")
-        g.margin = {**DEFAULT_MARGINS, **g.margin}
+        g.margin = {**known, **g.margin}
     elif not isinstance(g.margin, int | float) or not g.margin > 0:
         p.append(f"[gate] margin must be a positive number of accuracy points or a table per measure, "
                  f"got {g.margin!r}")

@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+from dpep_parity.evals import tasks
 from dpep_parity.evals.data import REPO_ROOT
 
 COLLEAGUE_REPORTS = ("property-suite.json", "kill-table.json")
@@ -103,7 +104,8 @@ def markdown(rep: dict) -> str:
     for task in rep["measures"]:
         rows = [c for c in rep["comparisons"] if c["task"] == task]
         unit = rows[0]["unit"] if rows else "item"
-        L += [f"## {task}" + (" (reference-solution tokens, teacher-forced)" if task == "gsm8k-gold" else ""),
+        title = tasks.measures()[task].title if task in tasks.measures() else ""
+        L += [f"## {task}" + (f" ({title})" if title else ""),
               "", TABLE_HEAD, "| --- " * TABLE_COLS + "|"]
         base = next((c for c in rows), None)
         if base:

@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+from dpep_parity.evals import tasks
 from dpep_parity.evals.data import DataError, check_data_dir, load_data
 from dpep_parity.evals.engines.base import EngineError
 from dpep_parity.evals.matrix import MatrixError, load_matrix, resolve_models
@@ -27,13 +28,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="configuration matrix (TOML/YAML); default: evals/configs/fixture-default.toml")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="local data in the layout of ../shared/data; default: the Hugging Face hub")
-    p.add_argument("--mmlu-limit", type=int, default=None,
-                   help="MMLU items (stratified by subject); default all")
-    p.add_argument("--gsm8k-limit", type=int, default=None, help="GSM8K items (seeded subset); default all")
-    p.add_argument("--tasks", default="mmlu,gsm8k", help="comma-separated subset of mmlu,gsm8k")
+    for t in tasks.TASKS.values():   # the registered tasks (evals/tasks/): --mmlu-limit, --gsm8k-limit, ...
+        p.add_argument(f"--{t.name}-limit", type=int, default=None, dest=limit_dest(t.name),
+                       help=f"{t.name} items (its seeded subset); default all")
+    p.add_argument("--tasks", default=",".join(tasks.names()),
+                   help=f"comma-separated subset of {','.join(tasks.names())}")
     p.add_argument("--out", type=Path, default=Path("runs/signoff"), help="cache, logs and report")
+    margins = ", ".join(f"{k} {v:g}" for k, v in tasks.default_margins().items())
     p.add_argument("--margin", type=float, default=None, help="equivalence margin in accuracy points for "
-                   "every measure (default: the matrix's [gate] margin, else mmlu 1.0, gsm8k 2.0, gsm8k-gold 1.0)")
+                   f"every measure (default: the matrix's [gate] margin, else {margins})")
     p.add_argument("--alpha", type=float, default=None, help="significance level (default 0.05)")
     p.add_argument("--aa", action="store_true",
                    help="also rerun the baseline (A/A) to measure its nondeterminism")
@@ -48,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch intra-op threads for in-process engines (1 is fastest for tiny models)")
 
 
+def limit_dest(task: str) -> str:
+    return f"{task.replace('-', '_')}_limit"
+
+
 def _err(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr)
 
@@ -56,14 +63,14 @@ def validate(args) -> tuple:
     """Everything that can be checked before work starts; raises MatrixError/DataError/EngineError."""
     from dpep_parity.evals.engines.inproc import check_available
 
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    bad = [t for t in tasks if t not in ("mmlu", "gsm8k")]
-    if bad or not tasks:
-        raise MatrixError([f"--tasks must name mmlu and/or gsm8k, got {args.tasks!r}"])
-    for opt in ("mmlu_limit", "gsm8k_limit"):
-        v = getattr(args, opt)
+    chosen = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    bad = [t for t in chosen if t not in tasks.TASKS]
+    if bad or not chosen:
+        raise MatrixError([f"--tasks must name some of {', '.join(tasks.names())}, got {args.tasks!r}"])
+    for t in tasks.names():
+        v = getattr(args, limit_dest(t), None)
         if v is not None and v <= 0:
-            raise MatrixError([f"--{opt.replace('_', '-')} must be positive (use --tasks to skip a task)"])
+            raise MatrixError([f"--{t}-limit must be positive (use --tasks to skip a task)"])
     if args.max_gen_toks <= 0 or args.chunk_size <= 0:
         raise MatrixError(["--max-gen-toks and --chunk-size must be positive"])
     matrix = load_matrix(args.matrix)
@@ -76,7 +83,7 @@ def validate(args) -> tuple:
             raise MatrixError([f"--alpha must be in (0, 0.5), got {args.alpha}"])
         matrix.gate.alpha = float(args.alpha)
     if args.data_dir is not None:
-        check_data_dir(args.data_dir, tasks)
+        check_data_dir(args.data_dir, chosen)
     resolve_models(matrix)
     problems = []
     for c in matrix.configs:
@@ -95,7 +102,7 @@ def validate(args) -> tuple:
             problems.append(str(e))
     if problems:
         raise MatrixError(problems, matrix.path)
-    return matrix, tasks
+    return matrix, chosen
 
 
 def unreachable(base_url: str, timeout_s: float = 3.0) -> str | None:
@@ -116,16 +123,13 @@ def unreachable(base_url: str, timeout_s: float = 3.0) -> str | None:
     return None
 
 
-def prepare_samples(args, tasks, data):
-    from dpep_parity.evals.samples import build_gsm8k, build_mmlu, select_gsm8k, select_mmlu
-    from dpep_parity.evals.tasks import TaskSet
+def prepare_samples(args, chosen, data):
+    """Each chosen task's samples, in the registry's order."""
+    from dpep_parity.evals.samples import prepare
 
-    taskset = TaskSet(data, max_gen_toks=args.max_gen_toks)
-    samples = {}
-    if "mmlu" in tasks:
-        samples["mmlu"] = build_mmlu(taskset, select_mmlu(taskset, args.mmlu_limit, args.seed))
-    if "gsm8k" in tasks:
-        samples["gsm8k"] = build_gsm8k(taskset, select_gsm8k(taskset, args.gsm8k_limit, args.seed))
+    taskset = tasks.TaskSet(data, max_gen_toks=args.max_gen_toks)
+    samples = {t: prepare(taskset, t, getattr(args, limit_dest(t), None), args.seed)
+               for t in tasks.names() if t in chosen}
     return taskset, samples
 
 
@@ -144,22 +148,24 @@ def print_plan(rows, gate) -> None:
 HALF = ("bfloat16", "float16")
 
 
-def truth_config(matrix, tasks):
-    """The baseline served once more in float64 for the reference tokens of GSM8K (the tolerance test of
-    gsm8k-gold, gate.error_test), when the baseline is an in-process engine in half precision; else None."""
+def truth_config(matrix, chosen):
+    """The baseline served once more in float64 for the tasks' truth measures (GSM8K's reference tokens: the
+    tolerance test of gsm8k-gold, gate.error_test), when the baseline is an in-process engine in half precision
+    and a chosen task has a truth measure; else None."""
     base = matrix.baseline
-    if not matrix.gate.truth or "gsm8k" not in tasks or base.engine != "inproc" or base.dtype not in HALF:
+    if (not matrix.gate.truth or not any(tasks.get(t).truth_measure for t in chosen) or base.engine != "inproc"
+            or base.dtype not in HALF):
         return None
     return dataclasses.replace(base, name=f"{base.name}~float64", dtype="float64", baseline=False)
 
 
-def config_row(c, tasks, verdict, args, role: str | None = None) -> dict:
-    """A configuration as the report lists it, with its engine's step counters over `tasks`."""
+def config_row(c, keys, verdict, args, role: str | None = None) -> dict:
+    """A configuration as the report lists it, with its engine's step counters over its cache `keys`."""
     from dpep_parity.evals.runner import serving_stats
 
     row = {"name": c.name, "layout": c.layout, "engine": c.engine, "target": c.target or c.factory,
            "model": c.model_path, "dtype": c.dtype, "verdict": verdict,
-           "serving": serving_stats(c, tasks, args.max_gen_toks, args.out)}
+           "serving": serving_stats(c, keys, args.max_gen_toks, args.out)}
     return row | ({"role": role} if role else {})
 
 
@@ -170,9 +176,9 @@ def run(args) -> int:
 
         torch.set_num_threads(args.torch_threads)
     try:
-        matrix, tasks = validate(args)
-        data = load_data(args.data_dir, tasks)
-        taskset, samples = prepare_samples(args, tasks, data)
+        matrix, chosen = validate(args)
+        data = load_data(args.data_dir, chosen)
+        taskset, samples = prepare_samples(args, chosen, data)
     except (MatrixError, DataError, EngineError) as e:
         _err(str(e))
         return EXIT_INPUT
@@ -185,22 +191,23 @@ def run(args) -> int:
     configs = matrix.ordered()
     if args.aa:
         configs.insert(1, dataclasses.replace(base, name=f"{base.name}~aa", replica=1, baseline=False))
-    truth = truth_config(matrix, tasks)
+    truth = truth_config(matrix, chosen)
+    truth_todo = {tasks.get(t).truth_measure: s for t, s in samples.items() if tasks.get(t).truth_measure}
     print(f"Sign-off: {len(configs)} runs ({', '.join(c.name for c in configs)}), data {data.source}, "
           + ", ".join(f"{t} {len(s)} items" for t, s in samples.items()))
     if truth:
-        print(f"Truth run: {truth.name} (the baseline in float64, GSM8K reference tokens only) for the tolerance "
-              f"test of gsm8k-gold")
+        print(f"Truth run: {truth.name} (the baseline in float64, only {', '.join(truth_todo)}) for the tolerance "
+              f"test of {', '.join(truth_todo)}")
     in_proc = all(c.engine == "inproc" for c in matrix.configs)
     power = G.planned_sizes({t: len(s) for t, s in samples.items()}, gs, len(matrix.configs) - 1,
-                            tests_per_task={"gsm8k": 1 + in_proc + (truth is not None)})
+                            tests_per_task={t: tasks.get(t).tests(in_proc, truth is not None) for t in samples})
     print_plan(power, gs)
     sys.stdout.flush()
 
     results, timing = {}, {}
     runs = [(c, samples) for c in configs]
     if truth:
-        runs.insert(1, (truth, {"gsm8k-gold": samples["gsm8k"]}))
+        runs.insert(1, (truth, truth_todo))
     for c, todo in runs:
         t = time.monotonic()
         try:
@@ -219,14 +226,14 @@ def run(args) -> int:
         timing[c.name] = round(time.monotonic() - t, 2)
 
     comparisons, aa = [], []
-    truth_recs = {r["doc_id"]: r for r in results[truth.name]["gsm8k-gold"]} if truth else None
+    truth_recs = ({m: {r["doc_id"]: r for r in results[truth.name][m]} for m in truth_todo} if truth else {})
     try:
         for c in configs[1:]:
             kind = "aa" if c.replica else "config"
             for task in samples:
                 p = G.pair(task, results[base.name][task], results[c.name][task], base.name, c.name)
                 for measure in G.measures_of(task, p):
-                    tr = truth_recs if measure == "gsm8k-gold" and c.dtype == base.dtype else None
+                    tr = truth_recs.get(measure) if c.dtype == base.dtype else None
                     (aa if kind == "aa" else comparisons).append(G.compare(p, gs, kind, measure, truth=tr))
     except G.PairingError as e:
         _err(str(e))
@@ -248,7 +255,7 @@ def run(args) -> int:
         "gate": {**dataclasses.asdict(gs)}, "lm_eval_version": getattr(lm_eval, "__version__", "?"),
         "baseline": base.name, "tasks": list(samples),
         "configs": [config_row(c, samples, verdicts.get(c.name), args) for c in matrix.ordered()]
-        + ([config_row(truth, ["gsm8k-gold"], None, args, role="float64 truth")] if truth else []),
+        + ([config_row(truth, list(truth_todo), None, args, role="float64 truth")] if truth else []),
         "plan": power, "comparisons": all_cmp, "measures": list(dict.fromkeys(x["task"] for x in all_cmp)),
         "n_tests": len(G.family(all_cmp)),
         "aa": aa_notes, "findings": findings,

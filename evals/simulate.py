@@ -14,6 +14,9 @@ Scenarios (per replicate, every configuration against one baseline):
   configurations, as in A/A). A PASS of that configuration is a wrong PASS.
 The rates are fractions of replicates; `rate_upper` is their one-sided 95% Clopper-Pearson bound.
 
+The synthetic records are those of the shipped tasks (evals/tasks/mmlu.py, gsm8k.py); a task added to the
+registry is gated by the same functions but not simulated here.
+
 Written here rather than taken from a library: the thing simulated is this gate's own decision rule over
 this suite's record format; no public package models paired lm-eval records per configuration.
 """

@@ -1,120 +1,109 @@
-"""lm-eval task definitions (the YAML files beside this module) bound to validated data.
+"""The eval-task registry: every task is one module of this package defining ``TASK`` (an
+:class:`~dpep_parity.evals.tasks.base.EvalTask`), found here when the package is imported; ``register`` adds one
+from elsewhere (a test, a plugin). The data loader, the sign-off, the gate, the matrix's margins and the report
+consult the registry and never test task names.
 
-``TaskSet(data, max_gen_toks=...)`` builds lm-eval ``ConfigurableTask`` objects: one per MMLU subject
-(``dpep_mmlu_<subject>``) and ``dpep_gsm8k``. Their prompts, request construction, filters and
-``process_results`` are lm-eval's own; only the dataset comes from :mod:`evals.data`.
+Adding a task is one new file, ``evals/tasks/<name>.py`` (its lm-eval YAML may sit beside it): subclass
+``EvalTask`` with its name, data splits and row validator, its lm-eval task, how documents are selected, how
+its requests are built, run through the LM and scored, and its measures (unit, cluster, default margin); set
+``TASK = MyTask()``. Then ``--tasks <name>`` and ``--<name>-limit`` work, and ``[gate] margin`` accepts its
+measures. mmlu.py and gsm8k.py are the two shipped tasks.
+
+``TaskSet(data, max_gen_toks=...)`` holds the lm-eval ``ConfigurableTask`` objects of one validated data set,
+built lazily by the tasks and cached: their prompts, request construction, filters and ``process_results``
+are lm-eval's own; only the dataset comes from :mod:`evals.data`.
 """
 from __future__ import annotations
 
-import copy
-import hashlib
-import logging
-from functools import cache
-from pathlib import Path
+import importlib
+import pkgutil
 
-import yaml
+from dpep_parity.evals.tasks.base import HERE, EvalTask, Measure, doc_seed  # noqa: F401  (re-exported)
 
-HERE = Path(__file__).resolve().parent
-FEWSHOT_SEED = 1234  # lm-eval's default fewshot_random_seed
+TASKS: dict[str, EvalTask] = {}
+_NOT_TASKS = {"base"}
 
 
-@cache
-def _subjects() -> dict[str, str]:
-    return yaml.safe_load((HERE / "mmlu_subjects.yaml").read_text())
+def register(task: EvalTask) -> EvalTask:
+    """Add a task (replacing one of the same name); its measure names must be new."""
+    taken = {m.name: t.name for t in TASKS.values() if t.name != task.name for m in t.measures}
+    clash = [m.name for m in task.measures if m.name in taken]
+    if not task.name or not task.measures or clash:
+        raise ValueError(f"cannot register task {task.name!r}: it needs a name and measures"
+                         + (f"; measures {clash} belong to other tasks" if clash else ""))
+    TASKS[task.name] = task
+    for t in sorted(TASKS.values(), key=lambda t: (t.order, t.name)):
+        TASKS[t.name] = TASKS.pop(t.name)
+    return task
 
 
-MMLU_SUBJECTS: tuple[str, ...] = tuple(_subjects())
-MMLU_CATEGORY: dict[str, str] = dict(_subjects())
+def unregister(name: str) -> None:
+    TASKS.pop(name, None)
 
 
-@cache
-def task_yaml(name: str) -> dict:
-    return yaml.safe_load((HERE / f"{name}.yaml").read_text())
+def _discover() -> None:
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name in _NOT_TASKS or info.name.startswith("_"):
+            continue
+        task = getattr(importlib.import_module(f"{__name__}.{info.name}"), "TASK", None)
+        if isinstance(task, EvalTask):
+            register(task)
 
 
-def mmlu_description(subject: str) -> str:
-    words = subject.replace("_", " ")
-    return f"The following are multiple choice questions (with answers) about {words}.\n\n"
+_discover()
 
 
-def mmlu_config(subject: str) -> dict:
-    cfg = copy.deepcopy(task_yaml("mmlu"))
-    cfg.update(task=f"dpep_mmlu_{subject}", dataset_name=subject, description=mmlu_description(subject))
-    return cfg
+def get(name: str) -> EvalTask:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise KeyError(f"unknown eval task {name!r} (known: {', '.join(TASKS)})") from None
 
 
-def gsm8k_config(max_gen_toks: int) -> dict:
-    cfg = copy.deepcopy(task_yaml("gsm8k"))
-    cfg["generation_kwargs"]["max_gen_toks"] = int(max_gen_toks)
-    return cfg
+def names() -> tuple[str, ...]:
+    return tuple(TASKS)
 
 
-def doc_seed(doc_index: int, seed: int = FEWSHOT_SEED) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}:{doc_index}".encode()).digest()[:8], "big")
+def measures() -> dict[str, Measure]:
+    """Every registered measure by name, in task order."""
+    return {m.name: m for t in TASKS.values() for m in t.measures}
 
 
-def quiet_lm_eval() -> None:
-    for name in ("lm_eval", "lm-eval", "datasets"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+def measure(name: str) -> Measure:
+    try:
+        return measures()[name]
+    except KeyError:
+        raise KeyError(f"unknown measure {name!r} (known: {', '.join(measures())})") from None
+
+
+def default_margins() -> dict[str, float]:
+    return {name: m.margin for name, m in measures().items()}
+
+
+def runner_of(key: str):
+    """What runs a cache key's samples: a task name (its `run`), or a task's truth measure (its `run_truth`)."""
+    if key in TASKS:
+        return TASKS[key].run
+    for t in TASKS.values():
+        if t.truth_measure == key:
+            return t.run_truth
+    raise KeyError(f"nothing runs {key!r}: neither a task nor a task's truth measure")
 
 
 class TaskSet:
-    """lm-eval task objects over one :class:`evals.data.EvalData`, built lazily and cached."""
+    """lm-eval task objects over one :class:`evals.data.EvalData`, built lazily by the tasks and cached."""
 
     def __init__(self, data, max_gen_toks: int = 256) -> None:
         self.data = data
         self.max_gen_toks = int(max_gen_toks)
-        self._mmlu: dict[str, object] = {}
-        self._gsm8k = None
-        self._mmlu_by_subject: dict[str, list[dict]] | None = None
+        self._memo: dict[tuple, object] = {}
 
-    # --------------------------------------------------------------------------------- datasets
-    def mmlu_rows(self, subject: str, split: str) -> list[dict]:
-        if self._mmlu_by_subject is None:
-            by: dict[str, dict[str, list[dict]]] = {}
-            for sp in ("test", "dev"):
-                for row in self.data.rows("mmlu", sp):
-                    by.setdefault(row["subject"], {}).setdefault(sp, []).append(row)
-            self._mmlu_by_subject = by
-        return self._mmlu_by_subject[subject][split]
+    def memo(self, key: tuple, build):
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
-    @staticmethod
-    def _dataset_dict(splits: dict[str, list[dict]]):
-        import datasets
+    def lm_task(self, name: str, *key):
+        """Task `name`'s lm-eval ConfigurableTask (MMLU: one per subject, `key` = (subject,))."""
+        return self.memo(("lm-task", name, *key), lambda: get(name).lm_eval_task(self, *key))
 
-        return datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()})
-
-    # --------------------------------------------------------------------------------- tasks
-    def mmlu_task(self, subject: str):
-        if subject not in self._mmlu:
-            from lm_eval.api.task import ConfigurableTask
-
-            quiet_lm_eval()
-            splits = {sp: self.mmlu_rows(subject, sp) for sp in ("test", "dev")}
-            cfg = mmlu_config(subject)
-            cfg["custom_dataset"] = lambda **_: self._dataset_dict(splits)
-            self._mmlu[subject] = ConfigurableTask(config=cfg)
-        return self._mmlu[subject]
-
-    def gsm8k_task(self):
-        if self._gsm8k is None:
-            from lm_eval.api.task import ConfigurableTask
-
-            quiet_lm_eval()
-            splits = {sp: self.data.rows("gsm8k", sp) for sp in ("test", "train")}
-            cfg = gsm8k_config(self.max_gen_toks)
-            cfg["custom_dataset"] = lambda **_: self._dataset_dict(splits)
-            self._gsm8k = ConfigurableTask(config=cfg)
-        return self._gsm8k
-
-    def gsm8k_context(self, index: int) -> tuple[dict, str]:
-        """(doc, prompt) for GSM8K test row ``index``; few-shot examples seeded by the row index."""
-        task = self.gsm8k_task()
-        doc = task.test_docs()[index]
-        task.sampler.set_rnd(doc_seed(index))
-        return doc, task.fewshot_context(doc, num_fewshot=task.config.num_fewshot)
-
-    def mmlu_context(self, subject: str, index: int) -> tuple[dict, str]:
-        task = self.mmlu_task(subject)
-        doc = task.test_docs()[index]
-        return doc, task.fewshot_context(doc, num_fewshot=task.config.num_fewshot)

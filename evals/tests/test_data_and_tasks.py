@@ -8,9 +8,30 @@ import re
 import pytest
 import yaml
 
-from dpep_parity.evals.data import DataError, check_data_dir, gsm8k_gold, load_local
-from dpep_parity.evals.samples import allocate, build_gsm8k, build_mmlu, select_gsm8k, select_mmlu
-from dpep_parity.evals.tasks import MMLU_SUBJECTS, TaskSet
+from dpep_parity.evals.data import DataError, check_data_dir, load_local
+from dpep_parity.evals.samples import allocate
+from dpep_parity.evals.tasks import TaskSet
+from dpep_parity.evals.tasks.base import dataset_dict
+from dpep_parity.evals.tasks.gsm8k import TASK as GSM8K
+from dpep_parity.evals.tasks.gsm8k import gold_answer
+from dpep_parity.evals.tasks.mmlu import SUBJECTS as MMLU_SUBJECTS
+from dpep_parity.evals.tasks.mmlu import TASK as MMLU
+
+
+def build_mmlu(taskset, selection):
+    return MMLU.build(taskset, selection)
+
+
+def build_gsm8k(taskset, selection):
+    return GSM8K.build(taskset, selection)
+
+
+def select_mmlu(taskset, limit, seed):
+    return MMLU.select(taskset, limit, seed)
+
+
+def select_gsm8k(taskset, limit, seed):
+    return GSM8K.select(taskset, limit, seed)
 
 MMLU_ROW = {"subject": "anatomy", "question": "q?", "choices": ["a", "b", "c", "d"], "answer": 1}
 GSM_ROW = {"question": "q?", "answer": "so 2\n#### 2"}
@@ -72,19 +93,17 @@ def test_missing_subject_and_short_dev(tmp_path):
 def test_gsm8k_first_item_is_janets_ducks(taskset):
     (s,) = build_gsm8k(taskset, [0])
     assert s.doc["question"].startswith("Janet’s ducks lay 16 eggs per day")
-    assert gsm8k_gold(s.doc["answer"]) == "18"
+    assert gold_answer(s.doc["answer"]) == "18"
     assert s.prompt.endswith("Question: " + s.doc["question"] + "\nAnswer:")
     shots = s.prompt.split("\n\n")
     assert len(shots) == 6 and all(re.search(r"#### -?[\d,.]+$", x) for x in shots[:5])
     args = s.instances[0].arguments
     assert args[1]["until"] == ["Question:", "</s>", "<|im_end|>"] and args[1]["max_gen_toks"] == 8
     # lm-eval's strict and flexible filters read the gold answer text as 18
-    from dpep_parity.evals.samples import score_gsm8k
-
-    rec = score_gsm8k(taskset, s, s.doc["answer"].split("\n")[-1])
+    rec = GSM8K.score(taskset, s, s.doc["answer"].split("\n")[-1])
     assert rec["extracted"] == {"strict-match": "18", "flexible-extract": "18"}
     assert rec["metrics"] == {"strict-match": 1.0, "flexible-extract": 1.0}
-    assert score_gsm8k(taskset, s, " she makes 9 * 2 = 18 dollars")["metrics"] == {
+    assert GSM8K.score(taskset, s, " she makes 9 * 2 = 18 dollars")["metrics"] == {
         "strict-match": 0.0, "flexible-extract": 1.0}
 
 
@@ -109,8 +128,8 @@ def test_prompts_equal_lm_eval_builtin_tasks(taskset):
 
     for subject, index in [("abstract_algebra", 0), ("high_school_psychology", 17), ("virology", 3)]:
         cfg = _lm_eval_builtin(subject)
-        splits = {sp: taskset.mmlu_rows(subject, sp) for sp in ("test", "dev")}
-        cfg["custom_dataset"] = lambda splits=splits, **_: taskset._dataset_dict(splits)
+        splits = {sp: MMLU.rows(taskset, subject, sp) for sp in ("test", "dev")}
+        cfg["custom_dataset"] = lambda splits=splits, **_: dataset_dict(splits)
         ref = ConfigurableTask(config=cfg)
         doc = ref.test_docs()[index]
         ctx = ref.fewshot_context(doc, num_fewshot=5)
@@ -122,9 +141,9 @@ def test_prompts_equal_lm_eval_builtin_tasks(taskset):
         assert s.prompt.count("\nAnswer:") == 6
     cfg = copy.deepcopy(_lm_eval_builtin("gsm8k"))
     splits = {sp: taskset.data.rows("gsm8k", sp) for sp in ("test", "train")}
-    cfg["custom_dataset"] = lambda **_: taskset._dataset_dict(splits)
+    cfg["custom_dataset"] = lambda **_: dataset_dict(splits)
     ref = ConfigurableTask(config=cfg)
-    from dpep_parity.evals.tasks import doc_seed
+    from dpep_parity.evals.tasks.base import doc_seed
 
     ref.sampler.set_rnd(doc_seed(5))
     ctx = ref.fewshot_context(ref.test_docs()[5], num_fewshot=5)
@@ -136,7 +155,7 @@ def test_stratified_subset_is_seeded_proportional_and_nested(taskset):
     a = select_mmlu(taskset, 300, seed=1)
     assert a == select_mmlu(taskset, 300, seed=1) and a != select_mmlu(taskset, 300, seed=2)
     assert len(a) == 300 and len(set(a)) == 300
-    sizes = {s: len(taskset.mmlu_rows(s, "test")) for s in MMLU_SUBJECTS}
+    sizes = {s: len(MMLU.rows(taskset, s, "test")) for s in MMLU_SUBJECTS}
     per = {s: sum(1 for x, _ in a if x == s) for s in MMLU_SUBJECTS}
     total = sum(sizes.values())
     assert all(abs(per[s] - 300 * sizes[s] / total) < 1 for s in MMLU_SUBJECTS)

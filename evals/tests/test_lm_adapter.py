@@ -79,7 +79,7 @@ def test_registered_with_lm_eval_and_simple_evaluate(lm, taskset):
     # our YAML directory is a valid lm-eval include path (indexing only it is fast)
     tm = TaskManager(include_defaults=False, include_path=str(HERE))
     assert "dpep_gsm8k" in tm.all_tasks
-    task = taskset.gsm8k_task()
+    task = taskset.lm_task("gsm8k")
     res = simple_evaluate(model=lm, tasks=[task], limit=1, log_samples=True, bootstrap_iters=0,
                           task_manager=tm)
     (sample,) = res["samples"]["dpep_gsm8k"][:1]
