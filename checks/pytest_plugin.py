@@ -90,8 +90,8 @@ def configure_world(config) -> list[str]:
 def pytest_report_header(config):
     sizes = [int(w) for w in config.getoption("--world-sizes").split(",") if w]
     return [f"dpep: target={config.getoption('--target')} device={config.getoption('--device')} "
-            f"world={config.getoption('--world')} "
             f"world sizes={config.getoption('--world-sizes')} dtypes={config.getoption('--dtypes')} "
+            f"world={config.getoption('--world')} "
             f"hypothesis profile={settings.get_current_profile_name()} "
             f"(max_examples={settings.default.max_examples})",
             device_header(config.getoption("--device"), sizes, config)]

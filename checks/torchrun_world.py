@@ -55,7 +55,7 @@ class TorchrunWorld(World):
         self._where: list[tuple] = []           # per rank: (host, pid, generation)
         self._procs = []                        # no local rank processes: the agents own them
         self._agents: list[subprocess.Popen] = []
-        self._logs = Path(tempfile.mkdtemp(prefix="dpep-torchrun-"))
+        self._logs: Path | None = None          # launched agents' logs and their workers' temp folders
         self._server: socket.socket | None = None
         key = os.environ.get("DPEP_WORLD_KEY")
         self._key = bytes.fromhex(key) if key else secrets.token_bytes(16)
@@ -90,7 +90,8 @@ class TorchrunWorld(World):
     def _launch_agents(self) -> None:
         """`agents` torchrun agents on this host, each in a session of its own (ended as a whole on close)."""
         self._reap_agents()
-        self._logs.mkdir(parents=True, exist_ok=True)
+        if self._logs is None or not self._logs.exists():
+            self._logs = Path(tempfile.mkdtemp(prefix="dpep-torchrun-"))
         s = self.settings
         rdzv = socket.create_server(("127.0.0.1", 0))   # a free port for the c10d store (closed before use)
         rdzv_port = rdzv.getsockname()[1]
@@ -212,7 +213,8 @@ class TorchrunWorld(World):
                 _send(c, ("exit",))
         self._drop_connections()
         self._end_agents()
-        shutil.rmtree(self._logs, ignore_errors=True)    # diagnoses quote the agents' logs before this
+        if self._logs is not None:   # diagnoses quote the agents' logs before this
+            shutil.rmtree(self._logs, ignore_errors=True)
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -280,7 +282,7 @@ class TorchrunWorld(World):
 
     def _agent_logs(self, lines: int = 15) -> str:
         out = []
-        for f in sorted(self._logs.glob("agent*.log")):
+        for f in sorted(self._logs.glob("agent*.log")) if self._logs is not None else ():
             tail = f.read_text(errors="replace").splitlines()[-lines:]
             if tail:
                 out.append(f"--- {f.name} (last {len(tail)} lines):\n" + "\n".join(tail))
