@@ -116,6 +116,28 @@ def device_header(device: str, sizes: list[int], config) -> str:
             + describe_backends(sizes, len(mine)))
 
 
+def scaled_timeout(ini_timeout: float, max_examples: int, base_examples: int = 12) -> float:
+    """pytest-timeout's per-test limit for a property search of `max_examples` examples: the configured one
+    (a backstop for hangs the worlds' own deadlines miss, sized for the ci profile's 12 examples) grown in
+    proportion to the count, so that a fuzz run's search is not cut for being long (`DPEP_PROFILE=fuzz`:
+    500 examples of a unit take 15-40 minutes on two cores; a 900 s limit cut them)."""
+    return ini_timeout * max(1.0, max_examples / base_examples) if ini_timeout > 0 else ini_timeout
+
+
+def pytest_collection_modifyitems(config, items):
+    """Property searches get a timeout scaled to their example count (scaled_timeout)."""
+    try:
+        ini = float(config.getini("timeout") or 0)
+    except (ValueError, TypeError):   # pytest-timeout not installed: no such ini key
+        return
+    limit = scaled_timeout(ini, settings.default.max_examples)
+    if limit == ini:
+        return
+    for item in items:
+        if "property_tests" in str(item.path) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit))
+
+
 def _is_property_test(report) -> bool:
     """A report of property_tests/. The node id is relative to the rootdir, and from another rootdir (--pyargs
     from an engine's repository) it may not name the package at all; the location's path always does."""

@@ -77,3 +77,10 @@ def test_the_repository_loads_the_plugin_once(autoload, site):
     assert p.returncode == 0, out[-3000:]
     assert out.count("dpep: target=spec") == 1, out[-3000:]
     assert "1/19 tests collected" in out or "1 selected" in out, out[-3000:]
+
+
+def test_property_searches_get_a_timeout_scaled_to_their_example_count():
+    from dpep_parity.checks.pytest_plugin import scaled_timeout
+    assert scaled_timeout(900, 12) == 900 and scaled_timeout(900, 4) == 900      # ci and smaller: as configured
+    assert scaled_timeout(900, 500) == 900 * 500 / 12                            # fuzz: 37,500 s
+    assert scaled_timeout(0, 500) == 0                                           # no timeout stays none
