@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from dpep_parity.checks import units
-from dpep_parity.checks.batches import DTYPES, Batch, Request, seq_inputs, seq_token_ids
+from dpep_parity.checks.batches import DTYPES, Batch, Request
 from dpep_parity.checks.poison import poisoned
 from dpep_parity.checks.targets.protocol import BuildEnv, Groups, Serving, Step, resolve
 from dpep_parity.checks.topology import Layout
@@ -20,13 +20,6 @@ from dpep_parity.checks.topology import Layout
 def load_weights(model_dir: str):
     from dpep_parity.fixtures.build import load_checkpoint
     return load_checkpoint(model_dir)
-
-
-def sequences(unit: str, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
-    """Per request in global order: hidden [prefix+extend, hidden] (token ids for a whole model)."""
-    if units.get(unit).takes == "tokens":
-        return seq_token_ids(batch, config["vocab_size"])
-    return seq_inputs(batch, config["hidden_size"], dtype)
 
 
 def local_slice(batch: Batch, dp_rank: int) -> slice:
@@ -83,7 +76,7 @@ class UnitJob:
         if self.token_ids is not None:
             seqs = [torch.tensor(t, dtype=torch.long) for t in self.token_ids][local_slice(batch, dp_rank)]
         else:
-            seqs = sequences(self.unit, batch, config, DTYPES[self.dtype])[local_slice(batch, dp_rank)]
+            seqs = units.get(self.unit).sequences(batch, config, DTYPES[self.dtype])[local_slice(batch, dp_rank)]
         reqs: tuple[Request, ...] = batch.per_dp[dp_rank]
         inputs = units.get(self.unit).rank_inputs(reqs, seqs, config, DTYPES[self.dtype])
         serving = self.serving[dp_rank] if self.serving is not None else None

@@ -64,12 +64,17 @@ class Unit:
             return any(dense)
         return self.dispatch and layer is not None and dense[layer]
 
-    def global_inputs(self, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
-        """The unit's inputs of every request in global order, rebuilt from the batch's seed."""
+    def sequences(self, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Per request in global order, rebuilt from the batch's seed: hidden [prefix+extend, hidden], or the
+        token ids of a unit that takes tokens."""
         if self.takes == "tokens":
             return seq_token_ids(batch, config["vocab_size"])
-        seqs = seq_inputs(batch, config["hidden_size"], dtype)
-        return self.rank_inputs([r for _, _, r in batch.requests_flat()], seqs, config, dtype)
+        return seq_inputs(batch, config["hidden_size"], dtype)
+
+    def global_inputs(self, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The unit's inputs of every request in global order."""
+        return self.rank_inputs([r for _, _, r in batch.requests_flat()], self.sequences(batch, config, dtype),
+                                config, dtype)
 
     def rank_inputs(self, requests, seqs: list[torch.Tensor], config: dict, dtype: torch.dtype):
         """Inputs from the given requests' sequences (token ids or hidden states, one per request)."""
