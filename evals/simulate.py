@@ -23,7 +23,9 @@ this suite's record format; no public package models paired lm-eval records per 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import json
 import sys
 from dataclasses import dataclass
@@ -97,13 +99,15 @@ def _losses(rng, right, expected: float):
 
 
 def _mmlu_records(pred, gold, subj) -> list[dict]:
-    out = []
-    for i, (p, g, s) in enumerate(zip(pred.tolist(), gold.tolist(), subj.tolist())):
-        lls = [-2.0] * 4
-        lls[p] = -1.0
-        out.append({"task": "mmlu", "doc_id": f"s{s}/{i}", "prompt_hash": str(i), "subject": f"s{s}",
-                    "gold": g, "lls": lls, "pred": p, "metrics": {"acc": float(p == g)}})
-    return out
+    # the per-item fields are computed on whole arrays and converted once (`tolist` gives the Python ints and
+    # floats the records hold); only the dicts are built per item
+    lls = np.full((pred.size, 4), -2.0)
+    lls[np.arange(pred.size), pred] = -1.0         # the chosen letter's log-likelihood
+    acc = (pred == gold).astype(float)
+    return [{"task": "mmlu", "doc_id": f"s{s}/{i}", "prompt_hash": str(i), "subject": f"s{s}", "gold": g,
+             "lls": ll, "pred": p, "metrics": {"acc": a}}
+            for i, (p, g, s, ll, a) in enumerate(zip(pred.tolist(), gold.tolist(), subj.tolist(), lls.tolist(),
+                                                     acc.tolist()))]
 
 
 def gsm8k_pair(rng, n: int, tokens: int, flip: float, correlated: bool, shift_items: float = 0.0,
@@ -129,17 +133,18 @@ def gsm8k_pair(rng, n: int, tokens: int, flip: float, correlated: bool, shift_it
     tb, tc = binary_pair(n * tokens, rate[doc], share[doc], GOLD_ACC, shift_tokens)
     recs = []
     for y, t in ((ib, tb), (ic, tc)):
-        runs = []
-        for i in range(n):
-            g = t[i * tokens:(i + 1) * tokens]
-            runs.append({"task": "gsm8k", "doc_id": f"g{i}", "prompt_hash": str(i), "subject": None,
-                         "generation": f"{i}:{int(y[i])}:{int(ib[i])}", "metrics": {"flexible-extract": y[i]},
-                         "gold_greedy": [bool(v) for v in g], "gold_logprob": [0.0 if v else -1.0 for v in g]})
-        recs.append(runs)
-    # the same generation text when the outcome did not change (agreement is reported, not gated)
-    for rb, rc in zip(*recs):
-        if rb["metrics"] == rc["metrics"]:
-            rc["generation"] = rb["generation"]
+        # one row of reference tokens per document, converted to Python bools and floats by one `tolist` each
+        # rather than token by token (the simulation's hot spot: 2 x 800 x 50 tokens per configuration)
+        greedy = t.reshape(n, tokens) != 0
+        logprob = np.where(greedy, 0.0, -1.0)
+        # the generation text names the document, the run's outcome and the baseline's: the same text in both
+        # runs when the outcome did not change (agreement is reported, not gated). Iterating `y` keeps the
+        # metric a numpy float, as indexing it did.
+        rows = zip(y, y.astype(int).tolist(), ib.astype(int).tolist(), greedy.tolist(), logprob.tolist())
+        recs.append([{"task": "gsm8k", "doc_id": f"g{i}", "prompt_hash": str(i), "subject": None,
+                      "generation": f"{i}:{right}:{base_right}", "metrics": {"flexible-extract": metric},
+                      "gold_greedy": g, "gold_logprob": lp}
+                     for i, (metric, right, base_right, g, lp) in enumerate(rows)])
     return recs[0], recs[1]
 
 
@@ -171,14 +176,15 @@ def rates(sc: Scenario, sizes: Sizes, runs: int, seed: int = 0, gate: GateSettin
     gate = gate or fast_gate()
     rng = np.random.default_rng([seed, int(sc.flip * 1e6), sc.correlated, G.MEASURES.index(sc.boundary) + 1 if sc.boundary else 0])
     fails = passes = boundary_pass = 0
-    for _ in range(runs):
-        cs = signoff(rng, sc, sizes, gate, decide)
-        verdict = G.worst(c["verdict"] for c in cs)
-        fails += verdict == "FAIL"
-        passes += verdict == "PASS"
-        if sc.boundary:
-            at = next(c for c in cs if c["config"] == "cfg0" and c["task"] == sc.boundary)
-            boundary_pass += at["verdict"] == "PASS"
+    with _cyclic_gc_paused():
+        for _ in range(runs):
+            cs = signoff(rng, sc, sizes, gate, decide)
+            verdict = G.worst(c["verdict"] for c in cs)
+            fails += verdict == "FAIL"
+            passes += verdict == "PASS"
+            if sc.boundary:
+                at = next(c for c in cs if c["config"] == "cfg0" and c["task"] == sc.boundary)
+                boundary_pass += at["verdict"] == "PASS"
     out = {"scenario": sc.name, "flip": sc.flip, "correlated": sc.correlated, "boundary": sc.boundary,
            "runs": runs, "fail": fails / runs, "pass": passes / runs,
            "fail_upper": stats.cp_upper(fails, runs, 0.05)}
@@ -186,6 +192,22 @@ def rates(sc: Scenario, sizes: Sizes, runs: int, seed: int = 0, gate: GateSettin
         out["boundary_pass"] = boundary_pass / runs
         out["boundary_pass_upper"] = stats.cp_upper(boundary_pass, runs, 0.05)
     return out
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused():
+    """A sign-off allocates some 30,000 small containers (records, per-token lists), which keeps triggering
+    Python's cyclic garbage collector, and its full passes walk every live object of the process (200,000 and
+    more: numpy, scipy, the test session): a fifth to a quarter of the simulation's time, measured (10 sign-offs:
+    3.8 s with it, 2.5-3.0 s without). The records hold no reference cycles, so reference counting frees them
+    anyway; the collector is back on afterwards (unless it was off before)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def fast_gate(**kw) -> GateSettings:

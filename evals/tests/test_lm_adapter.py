@@ -85,3 +85,51 @@ def test_registered_with_lm_eval_and_simple_evaluate(lm, taskset):
     (sample,) = res["samples"]["dpep_gsm8k"][:1]
     assert sample["doc"]["question"].startswith("Janet’s ducks")
     assert "exact_match,flexible-extract" in res["results"]["dpep_gsm8k"]
+
+
+def test_encoding_memo_is_exact_and_keyed_by_tokenizer(lm, tiny_model):
+    """The shared encoding memo returns the tokenizer's own ids, a fresh list each call, and a second
+    instance over the same folder reuses it; a different tokenizer object never gets another one's ids."""
+    from dpep_parity.evals import lm_adapter
+
+    text = "Question: which layer reduces twice?\nAnswer:"
+    first = lm.tok_encode(text)
+    assert first == lm.tokenizer.encode(text, add_special_tokens=False)
+    first.append(-1)
+    assert lm.tok_encode(text) == lm.tokenizer.encode(text, add_special_tokens=False)
+    assert lm.tok_encode(text, add_special_tokens=True) == lm.tokenizer.encode(text, add_special_tokens=True)
+    again = ForwardEngineLM(engine=lm.engine, tokenizer=str(tiny_model))
+    assert again._tokenizer_key == lm._tokenizer_key
+    assert (lm._tokenizer_key, False, text) in lm_adapter._ENCODED
+
+    class Shifted:
+        """A different tokenizer (every id + 1): it must not be served the memo's ids of the same text."""
+        eos_token_id = bos_token_id = 0
+        name_or_path = lm.tokenizer.name_or_path
+
+        def encode(self, s, add_special_tokens=False):
+            return [i + 1 for i in lm.tokenizer.encode(s, add_special_tokens=add_special_tokens)]
+
+    other = ForwardEngineLM(engine=lm.engine, tokenizer=Shifted())
+    assert other.tok_encode(text) == [i + 1 for i in lm.tokenizer.encode(text, add_special_tokens=False)]
+
+
+def test_compiled_templates_render_as_lm_eval_and_compile_once():
+    """lm-eval's template rendering after the sign-off's compiled-template swap: the same text as a fresh
+    environment with lm-eval's settings, one compile per template source, filters kept."""
+    import jinja2
+    from lm_eval import utils
+
+    from dpep_parity.evals.tasks.base import compiled_templates
+
+    template = "{{question.strip()}}\n{{ choices[1] | regex_replace('b', 'B') }}\nAnswer:"
+    doc = {"question": "  Which rank hangs? ", "choices": ["a", "bb"]}
+    fresh = jinja2.Environment(loader=jinja2.BaseLoader, undefined=jinja2.StrictUndefined,
+                               keep_trailing_newline=True)
+    fresh.filters["regex_replace"] = utils.regex_replace
+    compiled_templates()
+    compiled_templates()  # idempotent
+    assert utils.apply_template(template, doc) == fresh.from_string(template).render(**doc)
+    assert utils.env.from_string(template) is utils.env.from_string(template)
+    with pytest.raises(jinja2.UndefinedError):  # StrictUndefined kept: a missing field is an error
+        utils.apply_template("{{ missing }}", doc)
