@@ -99,18 +99,35 @@ def ceil_align(n: int, a: int) -> int:
     return -(-n // a) * a
 
 
-def seq_inputs(batch: Batch, hidden: int, dtype: torch.dtype, scale: float = 1.0) -> list[torch.Tensor]:
-    """Per request (global order): hidden states [prefix + extend, hidden], rounded to `dtype`."""
-    g = torch.Generator().manual_seed(batch.seed)
+def _stream(seed: int, request: int, part: int) -> torch.Generator:
+    """The random stream of one part (0: prefix, 1: extend) of one request (its global index) of a batch."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + request) * 2 + part)
+
+
+def seq_inputs(batch: Batch, hidden: int, dtype: torch.dtype, scale: float = 1.0, only=None,
+               extend_only: bool = False) -> list[torch.Tensor]:
+    """Per request (global order; only the global request indices in `only`, if given): hidden states
+    [prefix + extend, hidden] (the extend rows alone with `extend_only`), drawn in float32 and converted to
+    `dtype`. Each request's prefix and extend rows come from streams of their own (batch seed, request, part),
+    so a rank draws only its own requests' rows and an MLP unit only the extend rows, with the same values.
+    float32, not float64: torch's CPU draws them 5x faster and converts them to bfloat16 10x faster (measured
+    at 164 x 2048: 1.8 vs 9.7 ms to draw, and 25.6 ms for float64 -> bfloat16); rounded to a half-precision
+    dtype a float32 draw is as random as a float64 one, and in float32 or float64 the inputs are the draw."""
     out = []
-    for _, _, r in batch.requests_flat():
-        out.append((torch.randn(r.total, hidden, generator=g, dtype=torch.float64) * scale).to(dtype))
+    for j, (_, _, r) in enumerate(batch.requests_flat()):
+        if only is not None and j not in only:
+            continue
+        parts = [] if extend_only or not r.prefix else \
+            [torch.randn(r.prefix, hidden, generator=_stream(batch.seed, j, 0), dtype=torch.float32)]
+        parts.append(torch.randn(r.extend, hidden, generator=_stream(batch.seed, j, 1), dtype=torch.float32))
+        out.append((torch.cat(parts) * scale).to(dtype))
     return out
 
 
-def seq_token_ids(batch: Batch, vocab: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(batch.seed)
-    return [torch.randint(0, vocab, (r.total,), generator=g) for _, _, r in batch.requests_flat()]
+def seq_token_ids(batch: Batch, vocab: int, only=None) -> list[torch.Tensor]:
+    """Per request (global order; only the indices in `only`, if given): token ids [prefix + extend]."""
+    return [torch.randint(0, vocab, (r.total,), generator=_stream(batch.seed, j, 0))
+            for j, (_, _, r) in enumerate(batch.requests_flat()) if only is None or j in only]
 
 
 def parse_batch(text: str) -> Batch:

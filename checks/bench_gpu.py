@@ -5,11 +5,12 @@
     python -m checks.bench_gpu gemm      (split-K bf16 GEMMs at the layers' shapes through cuBLAS)
 
 `bench`: the spec target at 1, 2 and 4 ranks on the visible GPU(s) (one GPU: NCCL for 1 rank, gloo with
-CUDA tensors for 2 and 4), layout tp = dp = ep = N, bf16, batches with idle and decoding DP ranks. Per
-example: the suite's wall time (world run + oracle + judgement, as checks.parity.run_example), split into
-the world's part (rank compute, max over ranks, and the harness's own share) and the oracle's; against the
-raw forward of the same layer on the same GPU: transformers' module in the test dtype (eager experts, the
-reference) on the same rows, CUDA-synchronized. Warm-up examples (builds, model loads) are not counted.
+CUDA tensors for 2 and 4; `--device cpu` for the CPU tier on a tiny fixture), layout tp = dp = ep = N,
+batches with idle and decoding DP ranks, any of the units moe, attention, decoder, model. Per example the
+suite's wall time (as checks.parity.run_example) in parts: the target's rank compute, its collectives, the
+harness, the oracle's float64 truth, reference and decoy variants, and the judge; against the baseline of
+one fused single-device forward of the same rows (transformers' layer or model in the test dtype with its
+grouped-GEMM experts, all requests in one batch). Warm-up examples (builds, model loads) are not counted.
 
 `tolerance`: per fixture, unit, layout and batch, the reference's own error (|ref - truth| in ulps of the
 row's scale, and relative) next to the spec target's error against its bound, and catalog mutants
@@ -31,7 +32,7 @@ import time
 import torch
 
 from dpep_parity.checks import numerics, units
-from dpep_parity.checks.batches import DTYPES, Batch, Request, seq_inputs
+from dpep_parity.checks.batches import DTYPES, Batch, Request
 from dpep_parity.checks.cli import prog
 from dpep_parity.checks.parity import ParityResult, judge, run_example
 from dpep_parity.checks.topology import Layout, validate
@@ -95,18 +96,49 @@ def study_batches(dp: int) -> dict[str, Batch]:
 
 
 # ---------------- one example, timed in parts ----------------
-def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=120.0):
-    """As checks.parity.run_example, with the world's and the judge's wall times apart."""
+class CollectiveSeconds:
+    """Rank job: run `job` and return (its value, the host seconds this rank spent inside collectives)."""
+
+    def __init__(self, job):
+        self.job = job
+
+    def __call__(self, ctx):
+        value = self.job(ctx)
+        return value, ctx.recorder.seconds
+
+
+def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=120.0) -> tuple[ParityResult, dict]:
+    """As checks.parity.run_example, timed in parts (seconds): `world` (World.run wall), `target` (the slowest
+    rank's job less its collectives), `collectives` (that rank's host time inside them), `harness` (the world's
+    wall less the slowest rank's job: pickling, pipes, records), `truth`, `reference`, `variants` (the oracle's
+    phases, CUDA-synchronized), `judge` (the verdict, oracle outputs at hand)."""
+    from dpep_parity.checks import reference
+    from dpep_parity.checks.parity import oracle_outputs
+    from dpep_parity.checks.world import RankResult
     config, _ = load_weights(path)
     validate(layout, config)
     res = ParityResult(unit, layout, batch, dtype)
     world = get_world(layout.tp, device, deadline_s)
     t0 = time.perf_counter()
-    results = world.run(UnitJob(target, unit, path, layout, batch, dtype, 0))
+    # the job class by its importable name: under `python -m`, this module's own classes live in __main__
+    from dpep_parity.checks.bench_gpu import CollectiveSeconds as Timed
+    raw = world.run(Timed(UnitJob(target, unit, path, layout, batch, dtype, 0)))
     t1 = time.perf_counter()
-    judge(res, results, config, path, 0, device=world.rank_device)
+    results = [RankResult(r.rank, r.value[0], r.records, r.seconds) for r in raw]
+    slowest = max(raw, key=lambda r: r.seconds)
+    reference.PROFILE = prof = {}
+    try:
+        oracle_outputs(path, dtype, world.rank_device, None, unit, 0, batch)
+    finally:
+        reference.PROFILE = None
     t2 = time.perf_counter()
-    return res, t1 - t0, t2 - t1, max(r.seconds for r in results), world
+    judge(res, results, config, path, 0, device=world.rank_device)
+    t3 = time.perf_counter()
+    parts = dict(world=t1 - t0, target=slowest.seconds - slowest.value[1], collectives=slowest.value[1],
+                 harness=(t1 - t0) - slowest.seconds, truth=prof.get("truth", 0.0),
+                 reference=prof.get("reference", 0.0), variants=prof.get("variants", 0.0),
+                 oracle=t2 - t1, judge=t3 - t2, example=t3 - t0)
+    return res, parts, world
 
 
 def _sync(device):
@@ -114,44 +146,79 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def _fused_experts(device: str) -> str:
+    grouped = hasattr(torch.nn.functional, "grouped_mm") or hasattr(torch, "_grouped_mm")
+    return "grouped_mm" if grouped else "eager"
+
+
 @torch.no_grad()
-def raw_forward_s(path: str, unit: str, batch: Batch, dtype: str, device: str, repeats: int = 3) -> float:
-    """The same layer on the same rows, transformers' module in the test dtype on one device (median)."""
+def fused_forward_s(path: str, unit: str, batch: Batch, dtype: str, device: str, repeats: int = 3) -> float:
+    """The baseline: the same rows through one single-device forward, as an engine's one GPU would run them:
+    transformers' layer (or model) in the test dtype with its fused grouped-GEMM experts (`grouped_mm`), every
+    request in one right-padded batch (a causal mask keeps requests apart), CUDA-synchronized; median of
+    `repeats` after one warm call."""
     from dpep_parity.checks.reference import _causal_mask, load_model
-    model = load_model(path, dtype, device)
+    model = load_model(path, dtype, device, _fused_experts(device))
     dt = DTYPES[dtype]
-    layer = model.model.layers[0]
-    seqs = [s.to(device) for s in seq_inputs(batch, model.config.hidden_size, dt)]
+    u = units.get(unit)
+    config, _ = load_weights(path)
     reqs = [r for _, _, r in batch.requests_flat()]
-    if unit == "moe":
-        x = torch.cat([s[r.prefix:] for r, s in zip(reqs, seqs)])[None]
-        prep = None
+    seqs = u.global_inputs(batch, config, dt)
+    longest = max(r.total for r in reqs)
+    if u.takes == "tokens":
+        ids = torch.zeros(len(reqs), longest, dtype=torch.long)
+        for b, (r, t) in enumerate(zip(reqs, seqs)):
+            ids[b, : r.total] = t
+        ids = ids.to(device)
+
+        def call():
+            model(input_ids=ids)
+    elif u.takes == "rows":
+        x = seqs[0][None].to(device)
+        mlp = model.model.layers[0].mlp
+
+        def call():
+            mlp(x)
     else:
-        prep = [(s[None], model.model.rotary_emb(s[None], torch.arange(r.total, device=device)[None]),
-                 _causal_mask(r.total, dt, device)) for r, s in zip(reqs, seqs)]
+        h = torch.zeros(len(reqs), longest, config["hidden_size"], dtype=dt)
+        for b, (r, t) in enumerate(zip(reqs, seqs)):
+            h[b, : r.total] = t
+        h = h.to(device)
+        pe = model.model.rotary_emb(h, torch.arange(longest, device=device)[None].expand(len(reqs), -1))
+        mask = _causal_mask(longest, dt, device)
+        layer = model.model.layers[0]
+
+        def call():
+            if unit == "attention":
+                layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe, attention_mask=mask)
+            else:
+                layer(h, attention_mask=mask, position_embeddings=pe)
     times = []
     for _ in range(repeats + 1):
         _sync(device)
         t0 = time.perf_counter()
-        if unit == "moe":
-            layer.mlp(x)
-        else:
-            for h, pe, mask in prep:
-                layer(h, attention_mask=mask, position_embeddings=pe)
+        call()
         _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:])
 
 
+PARTS = ("target", "collectives", "harness", "truth", "reference", "variants", "judge")
+
+
 def cmd_bench(a) -> int:
+    from dpep_parity.checks import oracle_experts
     from dpep_parity.fixtures.build import fixture_path
     path = str(fixture_path(a.fixture))
     rows = []
+    dt = DTYPES[a.dtype]
     print(f"# bench: spec target, {a.fixture}, {a.dtype}, device {a.device}, {a.examples} examples after "
-          f"{a.warmup} warm-up; times per example (median), ms", flush=True)
-    print("| unit | ranks | backend | examples/s | suite ms | world ms | rank compute ms | harness ms | "
-          "oracle+judge ms | raw forward ms | suite / raw | rows | pass |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"{a.warmup} warm-up; medians per example, ms. Oracle: truth experts {oracle_experts.truth_experts()}, "
+          f"reference experts {oracle_experts.reference_experts(dt, a.device)}; fused = one single-device forward "
+          f"of the same rows, experts {_fused_experts(a.device)}", flush=True)
+    print("| unit | ranks | backend | examples/s | example ms | " + " | ".join(f"{p} ms" for p in PARTS)
+          + " | oracle ms | fused ms | oracle / fused | example / fused | rows | pass |")
+    print("|" + "---|" * (len(PARTS) + 11))
     for unit in a.units.split(","):
         for n in map(int, a.sizes.split(",")):
             lay = Layout(n, n, n)
@@ -159,32 +226,29 @@ def cmd_bench(a) -> int:
             evict_if_needed(n, a.device)
             for b in batches[: a.warmup]:
                 timed_example("spec", unit, path, lay, b, a.dtype, a.device)
-            walls, worlds, computes, judges, raws, ok = [], [], [], [], [], 0
+            parts, fused, ok = [], [], 0
             t_all = time.perf_counter()
             for b in batches[a.warmup:]:
-                t0 = time.perf_counter()
-                res, tw, tj, tc, world = timed_example("spec", unit, path, lay, b, a.dtype, a.device)
-                walls.append(time.perf_counter() - t0)
-                worlds.append(tw)
-                judges.append(tj)
-                computes.append(tc)
+                res, part, world = timed_example("spec", unit, path, lay, b, a.dtype, a.device)
+                parts.append(part)
                 ok += res.ok
                 if not res.ok:
                     print(res.report(), file=sys.stderr)
             eps = a.examples / (time.perf_counter() - t_all)
             for b in batches[a.warmup:]:
-                raws.append(raw_forward_s(path, unit, b, a.dtype, a.device))
+                fused.append(fused_forward_s(path, unit, b, a.dtype, a.device))
             med = statistics.median
             row = dict(unit=unit, ranks=n, backend=world.backend, examples_per_s=eps,
-                       suite_ms=1e3 * med(walls), world_ms=1e3 * med(worlds), compute_ms=1e3 * med(computes),
-                       harness_ms=1e3 * (med(worlds) - med(computes)), judge_ms=1e3 * med(judges),
-                       raw_ms=1e3 * med(raws), overhead=med(walls) / med(raws),
+                       **{f"{k}_ms": 1e3 * med(p[k] for p in parts) for k in (*PARTS, "oracle", "example", "world")},
+                       fused_ms=1e3 * med(fused),
                        rows=med(sum(b.tokens_per_dp()) for b in batches[a.warmup:]), passed=ok, of=a.examples)
+            row["oracle_over_fused"] = row["oracle_ms"] / row["fused_ms"]
+            row["example_over_fused"] = row["example_ms"] / row["fused_ms"]
             rows.append(row)
-            print(f"| {unit} | {n} | {row['backend']} | {eps:.1f} | {row['suite_ms']:.0f} | {row['world_ms']:.0f} | "
-                  f"{row['compute_ms']:.0f} | {row['harness_ms']:.0f} | {row['judge_ms']:.0f} | "
-                  f"{row['raw_ms']:.1f} | {row['overhead']:.0f}x | {row['rows']:.0f} | {ok}/{a.examples} |",
-                  flush=True)
+            print(f"| {unit} | {n} | {row['backend']} | {eps:.1f} | {row['example_ms']:.1f} | "
+                  + " | ".join(f"{row[f'{p}_ms']:.1f}" for p in PARTS)
+                  + f" | {row['oracle_ms']:.1f} | {row['fused_ms']:.2f} | {row['oracle_over_fused']:.1f}x | "
+                  f"{row['example_over_fused']:.0f}x | {row['rows']:.0f} | {ok}/{a.examples} |", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,7 @@ class Recorder:
     def reset(self):
         self.records: list[Record] = []
         self._gseq: dict[tuple[int, ...], int] = {}
+        self.seconds = 0.0     # host wall time inside collectives this example (waits for slower ranks included)
 
     def name_group(self, pg, name: str):
         """Add `name` to the roles of `pg`. When two roles of a layout have the same ranks (tp and moe_ep in
@@ -98,7 +100,9 @@ class Recorder:
             rec = Record(len(self.records) + 1, op, ranks, name, gseq, shapes, dtype, _call_site())
             self.records.append(rec)
             self._send(("enter", rec))
+            t0 = time.perf_counter()
             out = fn(*args, **kwargs)
+            self.seconds += time.perf_counter() - t0
             self._send(("exit", rec.seq))
             return out
         return recorded

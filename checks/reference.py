@@ -7,15 +7,23 @@ the rounding of the same kernels (cuBLAS on CUDA, which may reduce bf16 GEMMs in
 CPU does); the float64 truth may run anywhere (`truth_device`, default: the same device). Inputs are CPU
 tensors; every tensor a UnitRef holds is back on the CPU.
 
+Experts (checks.oracle_experts, through transformers' `experts_implementation` switch): the truth's float64
+experts run as two padded batched GEMMs (`dpep_padded_bmm`), the reference's through transformers'
+`grouped_mm` on CUDA and its eager loop on CPU. Every request of an example runs in one right-padded forward
+(`per_request`, `model`).
+
 Rows are the extend tokens of every request, in global order (DP rank, then request, then position).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import time
 from dataclasses import dataclass, field
 
 import torch
 
+from dpep_parity.checks import oracle_experts
 from dpep_parity.checks.batches import DTYPES, Batch
 
 
@@ -29,16 +37,50 @@ class UnitRef:
     layers_ref: list[torch.Tensor] = field(default_factory=list)
 
 
+# Seconds per oracle phase ("truth", "reference", "variants"), CUDA-synchronized, while checks.bench_gpu sets a
+# dict here; None (the default) costs nothing.
+PROFILE: dict[str, float] | None = None
+
+
+@contextlib.contextmanager
+def phase(name: str, device):
+    if PROFILE is None:
+        yield
+        return
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.synchronize(device)
+        PROFILE[name] = PROFILE.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _timed(name: str):
+    def deco(fn):
+        @functools.wraps(fn)
+        def timed(self, *a, **kw):
+            with phase(name, _dev(self.ref_model)):
+                return fn(self, *a, **kw)
+        return timed
+    return deco
+
+
 @functools.lru_cache(maxsize=8)
-def load_model(model_dir: str, dtype: str, device: str = "cpu"):
+def load_model(model_dir: str, dtype: str, device: str = "cpu", experts: str = "eager"):
+    """transformers' model from the fixture folder in `dtype` on `device`, its experts through transformers'
+    `experts_implementation` switch (checks.oracle_experts: eager, grouped_mm, batched_mm, dpep_padded_bmm)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     kw = dict(dtype=DTYPES[dtype], attn_implementation="eager")
-    try:
-        m = AutoModelForCausalLM.from_pretrained(model_dir, experts_implementation="eager", **kw)
-    except TypeError:   # transformers 4.x has no experts_implementation
+    if not oracle_experts.register():   # transformers 4.x has no experts_implementation: eager experts
         m = AutoModelForCausalLM.from_pretrained(model_dir, **kw)
+    else:
+        m = AutoModelForCausalLM.from_pretrained(model_dir, experts_implementation=experts, **kw)
     if device != "cpu":
         m = m.to(device)   # moves storage only: the fp32 rotary inv_freq stays fp32
     return m.eval()
@@ -69,12 +111,16 @@ class Oracle:
         self.dtype = DTYPES[dtype]
         self.device = resolve_device(device)
         self.truth_device = resolve_device(truth_device) if truth_device else self.device
-        self.truth_model = load_model(self.dir, "float64", self.truth_device)
-        self.ref_model = load_model(self.dir, dtype, self.device)
+        self.truth_model = load_model(self.dir, "float64", self.truth_device, oracle_experts.truth_experts())
+        self.ref_model = load_model(self.dir, dtype, self.device,
+                                    oracle_experts.reference_experts(self.dtype, self.device))
         self.config = self.truth_model.config
 
     def _both(self):
-        return ((self.truth_model, torch.float64), (self.ref_model, self.dtype))
+        """(model, dtype) of the truth, then of the reference; each loop body is timed as its phase (PROFILE)."""
+        for model, dt, name in ((self.truth_model, torch.float64, "truth"), (self.ref_model, self.dtype, "reference")):
+            with phase(name, _dev(model)):
+                yield model, dt
 
     @torch.no_grad()
     def mlp(self, layer: int, x: torch.Tensor) -> UnitRef:
@@ -89,57 +135,92 @@ class Oracle:
 
     @torch.no_grad()
     def per_request(self, batch: Batch, seqs: list[torch.Tensor], fn, layers: list[int]) -> UnitRef:
-        """`fn(model, h, position_embeddings, mask)` on each request's sequence (prefix + extend) alone; the
-        extend rows, and the router probabilities of `layers` (the sparse ones among them)."""
-        res = []
-        for model, dt in self._both():
-            rows, taps = [], []
-            dev = _dev(model)
-            for (_, _, req), h in zip(batch.requests_flat(), seqs):
-                pos = torch.arange(req.total, device=dev)[None]
-                h = h.to(dt).to(dev)[None]
-                pe = model.model.rotary_emb(h, pos)
-                with _RouterTap(model) as tap:
-                    out = fn(model, h, pe, _causal_mask(req.total, dt, dev))
-                rows.append(out[0, req.prefix:].cpu())
-                taps.append([tap.probs(i, start=req.prefix) for i in layers])
-            res.append((_cat(rows, self.config.hidden_size, dt), taps))
-        router = _merge_router(res[0][1], res[1][1], len(layers))
-        return UnitRef(res[0][0], res[1][0], router)
+        """`fn(model, h, position_embeddings, mask)` on the requests' sequences (prefix + extend); the extend rows,
+        and the router probabilities of `layers` (the sparse ones among them).
+
+        Every request runs in one forward, right-padded to the longest: under the causal mask a real row attends
+        only to its own request's earlier rows (pad keys come after every real query), and every other op is
+        row-wise, so each real row is the same function as alone. In float64 that is the truth up to float64
+        rounding; in the test dtype it is one device serving the batch (its rounding depends on the company, as
+        a serving engine's does: the decoy variants sample other company)."""
+        with phase("truth", _dev(self.truth_model)):
+            truth = self._padded_requests(self.truth_model, torch.float64, batch, seqs, fn, layers)
+        with phase("reference", _dev(self.ref_model)):
+            ref = self._padded_requests(self.ref_model, self.dtype, batch, seqs, fn, layers)
+        router = _merge_router(truth[1], ref[1], len(layers))
+        return UnitRef(truth[0], ref[0], router)
+
+    def _padded_requests(self, model, dt, batch: Batch, seqs, fn, layers, extra: list[torch.Tensor] = ()):
+        """`fn` on every request of `batch` (and the `extra` sequences after them) in one right-padded forward:
+        the requests' extend rows, and per request the router probabilities of `layers` over its own tokens."""
+        reqs = [req for _, _, req in batch.requests_flat()]
+        if not reqs:
+            return _cat([], self.config.hidden_size, dt), []
+        dev = _dev(model)
+        longest = max([r.total for r in reqs] + [t.shape[0] for t in extra])
+        h = torch.zeros(len(reqs) + len(extra), longest, self.config.hidden_size, dtype=dt, device=dev)
+        for b, t in enumerate([*seqs, *extra]):
+            h[b, : t.shape[0]] = t.to(dt).to(dev)
+        pos = torch.arange(longest, device=dev)[None].expand(h.shape[0], -1)
+        pe = model.model.rotary_emb(h, pos)
+        with _RouterTap(model) as tap:
+            out = fn(model, h, pe, _causal_mask(longest, dt, dev))
+        rows = [out[b, r.prefix: r.total].cpu() for b, r in enumerate(reqs)]
+        taps = [[tap.probs(i, start=b * longest + r.prefix, stop=b * longest + r.total) for i in layers]
+                for b, r in enumerate(reqs)]
+        return _cat(rows, self.config.hidden_size, dt), taps
 
     @torch.no_grad()
     def model(self, batch: Batch, token_ids: list[torch.Tensor]) -> UnitRef:
         """Logits of every extend token, per-layer hidden states, and router probabilities of every token
-        (prefix tokens included: a tie in the prefix changes the cache the extend tokens attend to)."""
+        (prefix tokens included: a tie in the prefix changes the cache the extend tokens attend to). Every
+        request in one right-padded forward, as in `per_request`."""
         res = []
-        n_layers = self.config.num_hidden_layers
+        calls = [self._token_batch(batch, token_ids)] if batch.requests_flat() else []
         for model, dt in self._both():
-            logits, hidden, taps = [], [[] for _ in range(n_layers)], []
-            for (_, _, req), ids in zip(batch.requests_flat(), token_ids):
-                outs: dict[int, torch.Tensor] = {}
-                hooks = [layer.register_forward_hook(_keep_output(outs, i))
-                         for i, layer in enumerate(model.model.layers)]
-                try:   # hooks, not output_hidden_states: its last entry is after the final norm
-                    with _RouterTap(model) as tap:
-                        out = model(input_ids=ids[None].to(_dev(model)))
-                finally:
-                    for h in hooks:
-                        h.remove()
-                logits.append(out.logits[0, req.prefix:].cpu())
-                for i in range(n_layers):
-                    hidden[i].append(outs[i][0, req.prefix:].cpu())
-                taps.append([tap.probs(i) for i in range(n_layers)])
-            v = self.config.vocab_size
-            res.append((_cat(logits, v, dt), [_cat(h, self.config.hidden_size, dt) for h in hidden], taps))
+            res.append(self._model_calls(model, dt, calls))
+        n_layers = self.config.num_hidden_layers
         router = _merge_router(res[0][2], res[1][2], n_layers)
         return UnitRef(res[0][0], res[1][0], router, res[0][1], res[1][1])
 
+    @staticmethod
+    def _token_batch(batch: Batch, token_ids: list[torch.Tensor], extra: list[torch.Tensor] = ()):
+        """The requests' token ids (then `extra` ones) right-padded into one [B, S] batch, as `_model_calls` takes."""
+        reqs = [req for _, _, req in batch.requests_flat()]
+        longest = max([r.total for r in reqs] + [t.shape[0] for t in extra] + [1])
+        ids = torch.zeros(len(reqs) + len(extra), longest, dtype=torch.long)
+        for b, t in enumerate([*token_ids, *extra]):
+            ids[b, : t.shape[0]] = t
+        return ids, [(b, 0, r) for b, r in enumerate(reqs)], longest
+
+    def _model_calls(self, model, dt, calls):
+        """Forwards of token-id batches: each call (ids [B, S], its requests' (row, _, request), S) -> logits and
+        per-layer hidden states of the extend tokens, router probabilities of every token, per request."""
+        n_layers = self.config.num_hidden_layers
+        logits, hidden, taps = [], [[] for _ in range(n_layers)], []
+        for ids, spans, width in calls:
+            outs: dict[int, torch.Tensor] = {}
+            hooks = [layer.register_forward_hook(_keep_output(outs, i)) for i, layer in enumerate(model.model.layers)]
+            try:   # hooks, not output_hidden_states: its last entry is after the final norm
+                with _RouterTap(model) as tap:
+                    out = model(input_ids=ids.to(_dev(model)))
+            finally:
+                for h in hooks:
+                    h.remove()
+            for b, _, req in spans:
+                logits.append(out.logits[b, req.prefix: req.total].cpu())
+                for i in range(n_layers):
+                    hidden[i].append(outs[i][b, req.prefix: req.total].cpu())
+                taps.append([tap.probs(i, start=b * width, stop=b * width + req.total) for i in range(n_layers)])
+        v, hs = self.config.vocab_size, self.config.hidden_size
+        return _cat(logits, v, dt), [_cat(h, hs, dt) for h in hidden], taps
 
     # The reference in the test dtype again, with the same rows computed among decoy rows or decoy requests:
     # GEMM blocking depends on the batch, so one token's rounding differs with its company (measured: a
     # qwen3-moe MoE row's fp32 error went from 1.3e-7 alone to 5.9e-7 among 8 rows). Together with the plain
     # reference these sample the error one device legitimately makes. Each unit picks its kind (checks.units).
     @torch.no_grad()
+    @_timed("variants")
     def decoy_rows(self, layer: int, batch: Batch, x: torch.Tensor) -> list[torch.Tensor]:
         """The layer's MLP block on rows x among 1 and among 7 random decoy rows."""
         model, dt = self.ref_model, self.dtype
@@ -152,26 +233,26 @@ class Oracle:
         return out
 
     @torch.no_grad()
+    @_timed("variants")
     def decoy_sequences(self, batch: Batch, seqs: list[torch.Tensor], fn) -> list[torch.Tensor]:
-        """`fn` (as for per_request) on each request batched with two random decoy sequences of its length."""
-        model, dt = self.ref_model, self.dtype
-        dev, g = _dev(model), torch.Generator().manual_seed(batch.seed + 1)
-        rows = []
-        for (_, _, req), t in zip(batch.requests_flat(), seqs):
-            h = torch.stack([t.to(dt), *(torch.randn(2, *t.shape, generator=g, dtype=torch.float64).to(dt))]).to(dev)
-            pe = model.model.rotary_emb(h, torch.arange(req.total, device=dev)[None])
-            rows.append(fn(model, h, pe, _causal_mask(req.total, dt, dev))[0, req.prefix:].cpu())
-        return [_cat(rows, self.config.hidden_size, dt)]
+        """`fn` (as for per_request) on all requests batched with two random decoy sequences of the longest's
+        length: other company for every row, one forward."""
+        g = torch.Generator().manual_seed(batch.seed + 1)
+        longest = max([s.shape[0] for s in seqs] + [1])
+        decoys = list(torch.randn(2, longest, self.config.hidden_size, generator=g, dtype=torch.float64))
+        rows, _ = self._padded_requests(self.ref_model, self.dtype, batch, seqs, fn, [], extra=decoys)
+        return [rows]
 
     @torch.no_grad()
+    @_timed("variants")
     def decoy_tokens(self, batch: Batch, token_ids: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The model's logits of each request batched with two random decoy requests of its length."""
-        model, g = self.ref_model, torch.Generator().manual_seed(batch.seed + 1)
-        rows = []
-        for (_, _, req), t in zip(batch.requests_flat(), token_ids):
-            ids = torch.stack([t, *torch.randint(0, self.config.vocab_size, (2, t.shape[0]), generator=g)])
-            rows.append(model(input_ids=ids.to(_dev(model))).logits[0, req.prefix:].cpu())
-        return [_cat(rows, self.config.vocab_size, self.dtype)]
+        """The model's logits of all requests batched with two random decoy requests of the longest's length."""
+        g = torch.Generator().manual_seed(batch.seed + 1)
+        longest = max([t.shape[0] for t in token_ids] + [1])
+        decoys = list(torch.randint(0, self.config.vocab_size, (2, longest), generator=g))
+        calls = [self._token_batch(batch, token_ids, decoys)] if batch.requests_flat() else []
+        logits, _, _ = self._model_calls(self.ref_model, self.dtype, calls)
+        return [logits]
 
 
 def _keep_output(store: dict, i: int):
@@ -215,10 +296,10 @@ class _RouterTap:
             self.logits[i] = logits.detach().reshape(-1, logits.shape[-1])
         return hook
 
-    def probs(self, layer: int, start: int = 0):
+    def probs(self, layer: int, start: int = 0, stop: int | None = None):
         if layer not in self.logits:
             return None
-        return torch.softmax(self.logits[layer].to(torch.float64), dim=-1)[start:].cpu()
+        return torch.softmax(self.logits[layer][start:stop].to(torch.float64), dim=-1).cpu()
 
     def __exit__(self, *exc):
         for h in self.handles:

@@ -73,12 +73,13 @@ class UnitJob:
         target, built = ctx.cache[key]
         dp_rank = self.layout.dp_rank(ctx.rank)
         batch = self.batch
+        reqs: tuple[Request, ...] = batch.per_dp[dp_rank]
+        unit = units.get(self.unit)
         if self.token_ids is not None:
             seqs = [torch.tensor(t, dtype=torch.long) for t in self.token_ids][local_slice(batch, dp_rank)]
+            inputs = unit.inputs(seqs, config, DTYPES[self.dtype])
         else:
-            seqs = units.get(self.unit).sequences(batch, config, DTYPES[self.dtype])[local_slice(batch, dp_rank)]
-        reqs: tuple[Request, ...] = batch.per_dp[dp_rank]
-        inputs = units.get(self.unit).rank_inputs(reqs, seqs, config, DTYPES[self.dtype])
+            inputs = unit.rank_inputs(batch, dp_rank, config, DTYPES[self.dtype])
         serving = self.serving[dp_rank] if self.serving is not None else None
         step = Step(batch, ctx.rank, dp_rank, reqs, inputs, self.unit, serving, self.poison)
         with poisoned(self.poison):

@@ -13,14 +13,33 @@ from dpep_parity.checks.batches import SUM_LEN
 from dpep_parity.checks.targets.spec import SpecModel, SpecTarget
 
 
-class ExpertsReversed(SpecModel):
+class ExpertsLoop(SpecModel):
+    """The routed experts as a per-expert loop of GEMMs, each expert's weighted output added in expert order in
+    the dtype (transformers' eager experts), where the spec runs a grouped GEMM (bf16 on CUDA). On the CPU
+    tier the spec itself runs this loop."""
+
+    def grouped_experts(self, x):
+        return False
+
+
+class ExpertsGrouped(SpecModel):
+    """The routed experts as grouped GEMMs wherever torch has them for the dtype (bf16, fp16 and fp32, on CUDA
+    and on CPU), where the spec itself takes them only for bf16 on CUDA: the grouped path's positive control
+    on the CPU tier, and its fp32 counterpart on the GPU."""
+
+    def grouped_experts(self, x):
+        from dpep_parity.checks.targets.spec import _grouped_mm
+        return _grouped_mm() is not None and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+class ExpertsReversed(ExpertsLoop):
     """The local experts' outputs added in the opposite order (another index_add order in the dtype)."""
 
     def local_experts(self):
         return range(super().local_experts().stop - 1, super().local_experts().start - 1, -1)
 
 
-class ExpertsFp32Accumulate(SpecModel):
+class ExpertsFp32Accumulate(ExpertsLoop):
     """Expert outputs accumulated in float32 and rounded once (fused MoE kernels' habit)."""
     expert_accumulator_dtype = torch.float32
 
@@ -65,9 +84,11 @@ def _target(cls, name):
     return t
 
 
+EXPERTS_LOOP = _target(ExpertsLoop, "experts-loop")
+EXPERTS_GROUPED = _target(ExpertsGrouped, "experts-grouped")
 EXPERTS_REVERSED = _target(ExpertsReversed, "experts-reversed")
 EXPERTS_FP32_ACCUMULATE = _target(ExpertsFp32Accumulate, "experts-fp32-accumulate")
 ALL_REDUCE_BY_GATHER = _target(AllReduceByGather, "all-reduce-by-gather")
 REDUCE_SCATTER_BY_ALL_REDUCE = _target(ReduceScatterByAllReduce, "reduce-scatter-by-all-reduce")
-VARIANTS = {"EXPERTS_REVERSED": EXPERTS_REVERSED, "EXPERTS_FP32_ACCUMULATE": EXPERTS_FP32_ACCUMULATE,
+VARIANTS = {"EXPERTS_LOOP": EXPERTS_LOOP, "EXPERTS_GROUPED": EXPERTS_GROUPED, "EXPERTS_REVERSED": EXPERTS_REVERSED, "EXPERTS_FP32_ACCUMULATE": EXPERTS_FP32_ACCUMULATE,
             "ALL_REDUCE_BY_GATHER": ALL_REDUCE_BY_GATHER, "REDUCE_SCATTER_BY_ALL_REDUCE": REDUCE_SCATTER_BY_ALL_REDUCE}

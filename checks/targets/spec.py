@@ -49,6 +49,11 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * h.to(dt)
 
 
+def _grouped_mm():
+    """torch's grouped GEMM (`torch.nn.functional.grouped_mm`, else `torch._grouped_mm`), or None."""
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
 def rotate_half(x):
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
     return torch.cat((-x2, x1), dim=-1)
@@ -346,6 +351,54 @@ class SpecModel:
         return ids
 
     def routed_experts(self, i, x, w, ids, counts):
+        """This rank's local experts on their rows, weighted: one grouped GEMM per projection where the device
+        has one (the fused / grouped MoE kernels SGLang and vLLM run), else the per-expert loop."""
+        local = self.local_experts()
+        if self.grouped_experts(x) and local.step == 1 and len(local):
+            return self.routed_experts_grouped(i, x, w, ids, counts, local)
+        return self.routed_experts_loop(i, x, w, ids, counts)
+
+    def grouped_experts(self, x: torch.Tensor) -> bool:
+        """Grouped GEMM for bf16 on CUDA (torch's grouped_mm: SM80+); the per-expert loop elsewhere (the CPU tier,
+        float32 / float64, and the EXPERTS_LOOP variant)."""
+        return x.device.type == "cuda" and x.dtype == torch.bfloat16 and _grouped_mm() is not None
+
+    def expert_stack(self, i: int, local: range) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's shards of its local experts, stacked: gate|up [E_local, 2 * I_shard, H] and down
+        [E_local, H, I_shard], cached per layer (the same slices `dense_mlp` takes per expert)."""
+        key = ("expert-stack", i, local.start, local.stop)
+        if key not in self._cache:
+            p = f"model.layers.{i}.mlp.experts."
+            s = self.shard(self.cfg["moe_intermediate_size"], self.lay.moe_tp, self.moe_tp_rank)
+            gu = [torch.cat([self.w[f"{p}{e}.gate_proj.weight"][s], self.w[f"{p}{e}.up_proj.weight"][s]]) for e in local]
+            down = [self.w[f"{p}{e}.down_proj.weight"][:, s] for e in local]
+            self._cache[key] = tuple(torch.stack(t).to(self.dt).to(self.dev).contiguous() for t in (gu, down))
+        return self._cache[key]
+
+    def routed_experts_grouped(self, i, x, w, ids, counts, local: range):
+        """Slots (row, k) routed to a local expert, sorted by expert; gate|up and down as grouped GEMMs over the
+        expert groups; each slot's output times its routing weight; a row's k slots summed (fp32 accumulate,
+        one rounding: what fused MoE kernels do, and transformers' grouped_mm experts)."""
+        n, k = ids.shape
+        flat = ids.reshape(-1)
+        mine = ((flat >= local.start) & (flat < local.stop)).nonzero().squeeze(1)
+        expert = flat[mine] - local.start
+        expert, order = torch.sort(expert, stable=True)
+        mine = mine[order]
+        per_expert = torch.bincount(expert, minlength=len(local))
+        for e, c in zip(local, per_expert.tolist()):      # host syncs: here and nonzero above
+            counts[e] = counts.get(e, 0) + c
+        slots = torch.zeros(n * k, x.shape[1], dtype=x.dtype, device=x.device)
+        if mine.numel():
+            gu_w, down_w = self.expert_stack(i, local)
+            offs = per_expert.cumsum(0).to(torch.int32)
+            mm = _grouped_mm()
+            gate, up = mm(x[mine // k], gu_w.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+            y = mm(F.silu(gate) * up, down_w.transpose(-2, -1), offs=offs)
+            slots[mine] = y * w.reshape(-1)[mine, None]
+        return slots.view(n, k, x.shape[1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+    def routed_experts_loop(self, i, x, w, ids, counts):
         p = f"model.layers.{i}.mlp.experts."
         inter = self.cfg["moe_intermediate_size"]
         out = torch.zeros(x.shape, dtype=self.expert_accumulator_dtype or x.dtype, device=x.device)

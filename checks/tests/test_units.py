@@ -21,6 +21,7 @@ def test_registry_lists_the_four_units_in_order_and_names_them_on_a_typo():
 
 def test_inputs_are_what_each_unit_takes():
     seqs = seq_inputs(BATCH, 8, torch.float32)
+    assert [s.shape[0] for s in seqs] == [5, 4, 6]
     rows = units.get("moe").global_inputs(BATCH, CONFIG, torch.float32)
     assert len(rows) == 1 and torch.equal(rows[0], torch.cat([seqs[0][3:], seqs[1], seqs[2][5:]]))
     for name in ("attention", "decoder"):
@@ -28,9 +29,18 @@ def test_inputs_are_what_each_unit_takes():
         assert all(torch.equal(a, b) for a, b in zip(got, seqs, strict=True))
     ids = units.get("model").global_inputs(BATCH, CONFIG, torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(ids, seq_token_ids(BATCH, 11), strict=True))
+    # a DP rank draws only its own requests, with the values the global draw gives them
+    for name in units.UNITS:
+        u = units.get(name)
+        glob = u.sequences(BATCH, CONFIG, torch.float32)
+        mine = u.rank_inputs(BATCH, 2, CONFIG, torch.float32)
+        assert all(torch.equal(a, b) for a, b in zip(mine, u.inputs(glob[2:], CONFIG, torch.float32), strict=True))
     # an idle DP rank's MLP still gets one (empty) tensor: the rank runs its collectives
-    idle = units.get("moe").rank_inputs((), [], CONFIG, torch.bfloat16)
+    idle = units.get("moe").rank_inputs(BATCH, 1, CONFIG, torch.bfloat16)
     assert len(idle) == 1 and idle[0].shape == (0, 8) and idle[0].dtype == torch.bfloat16
+    # another seed, another request or another part draws other values
+    other = seq_inputs(Batch(BATCH.per_dp, seed=8), 8, torch.float32)
+    assert not torch.equal(other[0], seqs[0]) and not torch.equal(seqs[0][3:5], seqs[0][0:2])
 
 
 def test_outputs_layers_and_checks_per_unit():

@@ -64,24 +64,31 @@ class Unit:
             return any(dense)
         return self.dispatch and layer is not None and dense[layer]
 
-    def sequences(self, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
-        """Per request in global order, rebuilt from the batch's seed: hidden [prefix+extend, hidden], or the
+    def sequences(self, batch: Batch, config: dict, dtype: torch.dtype, only=None) -> list[torch.Tensor]:
+        """Per request in global order (only the global request indices in `only`, if given), rebuilt from the
+        batch's seed: hidden [prefix+extend, hidden] (a unit that takes rows: the extend rows alone), or the
         token ids of a unit that takes tokens."""
         if self.takes == "tokens":
-            return seq_token_ids(batch, config["vocab_size"])
-        return seq_inputs(batch, config["hidden_size"], dtype)
+            return seq_token_ids(batch, config["vocab_size"], only)
+        return seq_inputs(batch, config["hidden_size"], dtype, only=only, extend_only=self.takes == "rows")
 
     def global_inputs(self, batch: Batch, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
         """The unit's inputs of every request in global order."""
-        return self.rank_inputs([r for _, _, r in batch.requests_flat()], self.sequences(batch, config, dtype),
-                                config, dtype)
+        return self.inputs(self.sequences(batch, config, dtype), config, dtype)
 
-    def rank_inputs(self, requests, seqs: list[torch.Tensor], config: dict, dtype: torch.dtype):
-        """Inputs from the given requests' sequences (token ids or hidden states, one per request)."""
+    def rank_inputs(self, batch: Batch, dp_rank: int, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The unit's inputs of one DP rank's requests (only those are drawn)."""
+        before = sum(len(r) for r in batch.per_dp[:dp_rank])
+        only = range(before, before + len(batch.per_dp[dp_rank]))
+        return self.inputs(self.sequences(batch, config, dtype, only), config, dtype)
+
+    def inputs(self, seqs: list[torch.Tensor], config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Inputs from the requests' sequences (`sequences`): as they are, or, for a unit that takes rows, their
+        extend rows as one tensor (an MLP sees no prefix; an idle rank gets an empty one and still runs its
+        collectives)."""
         if self.takes != "rows":
             return seqs
-        rows = [s[r.prefix:] for r, s in zip(requests, seqs, strict=True)]   # an MLP sees extend rows only
-        return [torch.cat(rows) if rows else torch.zeros(0, config["hidden_size"], dtype=dtype)]
+        return [torch.cat(seqs) if seqs else torch.zeros(0, config["hidden_size"], dtype=dtype)]
 
 
 def _discover() -> dict[str, Unit]:

@@ -1,0 +1,82 @@
+"""The oracle's experts implementations, chosen through transformers' own switch (`experts_implementation`).
+
+- The float64 truth: `dpep_padded_bmm`, registered with transformers' `ExpertsInterface`. transformers' eager
+  experts loop over the routed experts in Python (one GEMM pair, one host sync and one index_add per expert:
+  at 128 experts, 25-47 ms a call on the H200 whatever the token count); its `grouped_mm` has no float64 kernel;
+  its `batched_mm` gathers one weight matrix per (token, expert) slot and runs out of memory at 2,048 tokens.
+  This one sorts the (token, expert) slots by expert, pads every expert's rows to the largest group and runs
+  gate|up and down as two batched GEMMs over all experts' weights as stored (no weight copy). Router, gating,
+  shared expert and the rest of the model stay transformers' code; the expert arithmetic is the eager loop's
+  (x W_gu^T, act(gate) * up, h W_d^T, times the routing weight, summed over a token's experts), in float64, so
+  the truth differs from the eager loop's only by float64 rounding (checks/tests/test_oracle_experts.py).
+  It shares no code with the targets under test.
+- The reference in the test dtype: transformers' `grouped_mm` where torch has the kernel on the device (CUDA:
+  what an engine runs), else its eager loop (the CPU tier, calibrated on it). `DPEP_ORACLE_EXPERTS` and
+  `DPEP_TRUTH_EXPERTS` override either ("eager", "grouped_mm", "batched_mm", "dpep_padded_bmm").
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+PADDED = "dpep_padded_bmm"
+CHOICES = ("auto", "eager", "grouped_mm", "batched_mm", PADDED)
+
+
+def padded_bmm_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                               top_k_weights: torch.Tensor) -> torch.Tensor:
+    if self.has_bias or self.is_transposed or not self.has_gate:
+        raise NotImplementedError(f"{PADDED}: gated, unbiased, untransposed experts only "
+                                  f"({type(self).__name__}); use experts_implementation='eager'")
+    n, k = top_k_index.shape
+    n_experts = self.gate_up_proj.shape[0]
+    flat = top_k_index.reshape(-1)
+    slot = ((flat >= 0) & (flat < n_experts)).nonzero().squeeze(1)   # EP sentinels (out of range) dropped
+    expert, order = torch.sort(flat[slot], stable=True)
+    slot = slot[order]
+    per_expert = torch.bincount(expert, minlength=n_experts)
+    out = torch.zeros(n * k, hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device)
+    if slot.numel():
+        first = torch.cumsum(per_expert, 0) - per_expert
+        within = torch.arange(slot.numel(), device=slot.device) - first[expert]
+        rows = int(per_expert.max())                                    # the one host sync
+        x = hidden_states.new_zeros(n_experts, rows, hidden_states.shape[-1])
+        x[expert, within] = hidden_states[slot // k]
+        h = self._apply_gate(torch.bmm(x, self.gate_up_proj.transpose(1, 2)))
+        y = torch.bmm(h, self.down_proj.transpose(1, 2))[expert, within]
+        out[slot] = y * top_k_weights.reshape(-1)[slot, None].to(y.dtype)
+    return out.view(n, k, hidden_states.shape[-1]).sum(dim=1).to(hidden_states.dtype)
+
+
+def register() -> bool:
+    """Register `dpep_padded_bmm` with transformers (idempotent); False where this transformers has no experts
+    interface (4.x: eager experts only)."""
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError:
+        return False
+    ExpertsInterface.register(PADDED, padded_bmm_experts_forward)
+    return True
+
+
+def _choice(env: str, default: str) -> str:
+    v = os.environ.get(env, "").strip() or default
+    if v not in CHOICES:
+        raise ValueError(f"{env}={v!r}: one of {', '.join(CHOICES)}")
+    return v
+
+
+def truth_experts() -> str:
+    v = _choice("DPEP_TRUTH_EXPERTS", "auto")
+    return PADDED if v == "auto" else v
+
+
+def reference_experts(dtype: torch.dtype, device: str) -> str:
+    """auto: transformers' grouped_mm on CUDA for the dtypes torch has it (bf16, fp16, fp32), else eager."""
+    v = _choice("DPEP_ORACLE_EXPERTS", "auto")
+    if v != "auto":
+        return v
+    grouped = hasattr(torch.nn.functional, "grouped_mm") or hasattr(torch, "_grouped_mm")
+    cuda = str(device).startswith("cuda")
+    return "grouped_mm" if cuda and grouped and dtype in (torch.bfloat16, torch.float16, torch.float32) else "eager"
