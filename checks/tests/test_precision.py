@@ -113,7 +113,10 @@ def run_property(target: str, unit: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("target", ["checks.mutants:P01", "checks.mutants:P04"])
 def test_property_kills_precision_mutants(target):
-    r = run_property(target, "decoder")
+    # attention and decoder: since the oracle runs an example's requests in one forward and inputs are drawn
+    # per request (2026-12-03), P01 in the decoder alone reads +0.075 at z = 5.2 over these 12 examples (below
+    # the z > 6 alarm; it was killed there before), and +0.118 in the attention unit (killed)
+    r = run_property(target, "decoder or test_attention")
     assert r.returncode == 1, r.stdout[-3000:]
     assert "[precision] precision-class excess" in r.stdout, r.stdout[-3000:]
 
