@@ -71,6 +71,11 @@ class Batch:
         """The scheduler's rule: when every DP rank is idle no forward happens at all."""
         return all(m == IDLE for m in self.forward_modes())
 
+    def local_slice(self, dp_rank: int) -> slice:
+        """The DP rank's requests as a slice of the global request order (requests_flat)."""
+        before = sum(len(r) for r in self.per_dp[:dp_rank])
+        return slice(before, before + len(self.per_dp[dp_rank]))
+
     def requests_flat(self) -> list[tuple[int, int, Request]]:
         """(dp_rank, index within the rank, request) in global order."""
         return [(d, i, r) for d, reqs in enumerate(self.per_dp) for i, r in enumerate(reqs)]

@@ -30,6 +30,7 @@ import sys
 import time
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from dpep_parity.checks import numerics, units
 from dpep_parity.checks.batches import DTYPES, Batch, Request
@@ -146,9 +147,9 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _fused_experts(device: str) -> str:
-    grouped = hasattr(torch.nn.functional, "grouped_mm") or hasattr(torch, "_grouped_mm")
-    return "grouped_mm" if grouped else "eager"
+def _fused_experts() -> str:
+    from dpep_parity.checks.oracle_experts import grouped_available
+    return "grouped_mm" if grouped_available() else "eager"
 
 
 @torch.no_grad()
@@ -158,18 +159,13 @@ def fused_forward_s(path: str, unit: str, batch: Batch, dtype: str, device: str,
     request in one right-padded batch (a causal mask keeps requests apart), CUDA-synchronized; median of
     `repeats` after one warm call."""
     from dpep_parity.checks.reference import _causal_mask, load_model
-    model = load_model(path, dtype, device, _fused_experts(device))
+    model = load_model(path, dtype, device, _fused_experts())
     dt = DTYPES[dtype]
     u = units.get(unit)
     config, _ = load_weights(path)
-    reqs = [r for _, _, r in batch.requests_flat()]
     seqs = u.global_inputs(batch, config, dt)
-    longest = max(r.total for r in reqs)
     if u.takes == "tokens":
-        ids = torch.zeros(len(reqs), longest, dtype=torch.long)
-        for b, (r, t) in enumerate(zip(reqs, seqs)):
-            ids[b, : r.total] = t
-        ids = ids.to(device)
+        ids = pad_sequence(seqs, batch_first=True).to(device)
 
         def call():
             model(input_ids=ids)
@@ -180,11 +176,9 @@ def fused_forward_s(path: str, unit: str, batch: Batch, dtype: str, device: str,
         def call():
             mlp(x)
     else:
-        h = torch.zeros(len(reqs), longest, config["hidden_size"], dtype=dt)
-        for b, (r, t) in enumerate(zip(reqs, seqs)):
-            h[b, : r.total] = t
-        h = h.to(device)
-        pe = model.model.rotary_emb(h, torch.arange(longest, device=device)[None].expand(len(reqs), -1))
+        h = pad_sequence(seqs, batch_first=True).to(device)
+        longest = h.shape[1]
+        pe = model.model.rotary_emb(h, torch.arange(longest, device=device)[None].expand(h.shape[0], -1))
         mask = _causal_mask(longest, dt, device)
         layer = model.model.layers[0]
 
@@ -215,7 +209,7 @@ def cmd_bench(a) -> int:
     print(f"# bench: spec target, {a.fixture}, {a.dtype}, device {a.device}, {a.examples} examples after "
           f"{a.warmup} warm-up; medians per example, ms. Oracle: truth experts {oracle_experts.truth_experts()}, "
           f"reference experts {oracle_experts.reference_experts(dt, a.device)}; fused = one single-device forward "
-          f"of the same rows, experts {_fused_experts(a.device)}", flush=True)
+          f"of the same rows, experts {_fused_experts()}", flush=True)
     print("| unit | ranks | backend | examples/s | example ms | " + " | ".join(f"{p} ms" for p in PARTS)
           + " | oracle ms | fused ms | oracle / fused | example / fused | rows | pass |")
     print("|" + "---|" * (len(PARTS) + 11))

@@ -77,6 +77,11 @@ def reference_experts(dtype: torch.dtype, device: str) -> str:
     v = _choice("DPEP_ORACLE_EXPERTS", "auto")
     if v != "auto":
         return v
-    grouped = hasattr(torch.nn.functional, "grouped_mm") or hasattr(torch, "_grouped_mm")
     cuda = str(device).startswith("cuda")
-    return "grouped_mm" if cuda and grouped and dtype in (torch.bfloat16, torch.float16, torch.float32) else "eager"
+    return "grouped_mm" if cuda and grouped_available() and dtype in (torch.bfloat16, torch.float16, torch.float32) \
+        else "eager"
+
+
+def grouped_available() -> bool:
+    """Whether this torch has a grouped GEMM (transformers' `grouped_mm` experts use it)."""
+    return hasattr(torch.nn.functional, "grouped_mm") or hasattr(torch, "_grouped_mm")

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from dpep_parity.checks import oracle_experts
 from dpep_parity.checks.batches import DTYPES, Batch
@@ -157,10 +158,8 @@ class Oracle:
         if not reqs:
             return _cat([], self.config.hidden_size, dt), []
         dev = _dev(model)
-        longest = max([r.total for r in reqs] + [t.shape[0] for t in extra])
-        h = torch.zeros(len(reqs) + len(extra), longest, self.config.hidden_size, dtype=dt, device=dev)
-        for b, t in enumerate([*seqs, *extra]):
-            h[b, : t.shape[0]] = t.to(dt).to(dev)
+        h = pad_sequence([t.to(dt) for t in [*seqs, *extra]], batch_first=True).to(dev)   # zeros after each
+        longest = h.shape[1]
         pos = torch.arange(longest, device=dev)[None].expand(h.shape[0], -1)
         pe = model.model.rotary_emb(h, pos)
         with _RouterTap(model) as tap:
@@ -176,29 +175,20 @@ class Oracle:
         (prefix tokens included: a tie in the prefix changes the cache the extend tokens attend to). Every
         request in one right-padded forward, as in `per_request`."""
         res = []
-        calls = [self._token_batch(batch, token_ids)] if batch.requests_flat() else []
+        ids = pad_sequence(token_ids, batch_first=True) if token_ids else None
         for model, dt in self._both():
-            res.append(self._model_calls(model, dt, calls))
+            res.append(self._model_calls(model, dt, batch, ids))
         n_layers = self.config.num_hidden_layers
         router = _merge_router(res[0][2], res[1][2], n_layers)
         return UnitRef(res[0][0], res[1][0], router, res[0][1], res[1][1])
 
-    @staticmethod
-    def _token_batch(batch: Batch, token_ids: list[torch.Tensor], extra: list[torch.Tensor] = ()):
-        """The requests' token ids (then `extra` ones) right-padded into one [B, S] batch, as `_model_calls` takes."""
-        reqs = [req for _, _, req in batch.requests_flat()]
-        longest = max([r.total for r in reqs] + [t.shape[0] for t in extra] + [1])
-        ids = torch.zeros(len(reqs) + len(extra), longest, dtype=torch.long)
-        for b, t in enumerate([*token_ids, *extra]):
-            ids[b, : t.shape[0]] = t
-        return ids, [(b, 0, r) for b, r in enumerate(reqs)], longest
-
-    def _model_calls(self, model, dt, calls):
-        """Forwards of token-id batches: each call (ids [B, S], its requests' (row, _, request), S) -> logits and
-        per-layer hidden states of the extend tokens, router probabilities of every token, per request."""
+    def _model_calls(self, model, dt, batch: Batch, ids: torch.Tensor | None):
+        """One forward of the requests' right-padded token ids [B, S] (their rows first, any others after; None:
+        no request) -> logits and per-layer hidden states of the extend tokens, router probabilities of every
+        token of each request."""
         n_layers = self.config.num_hidden_layers
         logits, hidden, taps = [], [[] for _ in range(n_layers)], []
-        for ids, spans, width in calls:
+        if ids is not None:
             outs: dict[int, torch.Tensor] = {}
             hooks = [layer.register_forward_hook(_keep_output(outs, i)) for i, layer in enumerate(model.model.layers)]
             try:   # hooks, not output_hidden_states: its last entry is after the final norm
@@ -207,7 +197,8 @@ class Oracle:
             finally:
                 for h in hooks:
                     h.remove()
-            for b, _, req in spans:
+            width = ids.shape[1]
+            for b, (_, _, req) in enumerate(batch.requests_flat()):
                 logits.append(out.logits[b, req.prefix: req.total].cpu())
                 for i in range(n_layers):
                     hidden[i].append(outs[i][b, req.prefix: req.total].cpu())
@@ -250,8 +241,8 @@ class Oracle:
         g = torch.Generator().manual_seed(batch.seed + 1)
         longest = max([t.shape[0] for t in token_ids] + [1])
         decoys = list(torch.randint(0, self.config.vocab_size, (2, longest), generator=g))
-        calls = [self._token_batch(batch, token_ids, decoys)] if batch.requests_flat() else []
-        logits, _, _ = self._model_calls(self.ref_model, self.dtype, calls)
+        ids = pad_sequence([*token_ids, *decoys], batch_first=True) if token_ids else None
+        logits, _, _ = self._model_calls(self.ref_model, self.dtype, batch, ids)
         return [logits]
 
 

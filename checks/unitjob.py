@@ -22,11 +22,6 @@ def load_weights(model_dir: str):
     return load_checkpoint(model_dir)
 
 
-def local_slice(batch: Batch, dp_rank: int) -> slice:
-    before = sum(len(r) for r in batch.per_dp[:dp_rank])
-    return slice(before, before + len(batch.per_dp[dp_rank]))
-
-
 def make_groups(ctx, layout: Layout) -> Groups:
     """Create every group of the layout on every rank in one canonical order (torch requires it)."""
     ctx.recorder.forget_roles()
@@ -76,7 +71,7 @@ class UnitJob:
         reqs: tuple[Request, ...] = batch.per_dp[dp_rank]
         unit = units.get(self.unit)
         if self.token_ids is not None:
-            seqs = [torch.tensor(t, dtype=torch.long) for t in self.token_ids][local_slice(batch, dp_rank)]
+            seqs = [torch.tensor(t, dtype=torch.long) for t in self.token_ids][batch.local_slice(dp_rank)]
             inputs = unit.inputs(seqs, config, DTYPES[self.dtype])
         else:
             inputs = unit.rank_inputs(batch, dp_rank, config, DTYPES[self.dtype])

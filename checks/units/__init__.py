@@ -78,9 +78,8 @@ class Unit:
 
     def rank_inputs(self, batch: Batch, dp_rank: int, config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
         """The unit's inputs of one DP rank's requests (only those are drawn)."""
-        before = sum(len(r) for r in batch.per_dp[:dp_rank])
-        only = range(before, before + len(batch.per_dp[dp_rank]))
-        return self.inputs(self.sequences(batch, config, dtype, only), config, dtype)
+        mine = batch.local_slice(dp_rank)
+        return self.inputs(self.sequences(batch, config, dtype, range(mine.start, mine.stop)), config, dtype)
 
     def inputs(self, seqs: list[torch.Tensor], config: dict, dtype: torch.dtype) -> list[torch.Tensor]:
         """Inputs from the requests' sequences (`sequences`): as they are, or, for a unit that takes rows, their
