@@ -13,6 +13,15 @@
 - The reference in the test dtype: transformers' `grouped_mm` where torch has the kernel on the device (CUDA:
   what an engine runs), else its eager loop (the CPU tier, calibrated on it). `DPEP_ORACLE_EXPERTS` and
   `DPEP_TRUTH_EXPERTS` override either ("eager", "grouped_mm", "batched_mm", "dpep_padded_bmm").
+- The decoy variants' experts (`decoy_experts`): a token's k weighted expert outputs are added in the activation
+  dtype in expert order where the reference adds them in float32 and rounds once (transformers' grouped_mm and
+  batched_mm, fused MoE kernels). Both habits are legitimate and engines run both (transformers' eager loop
+  index_adds in the dtype); with top-8 of 128 experts the dtype habit makes 7 roundings where the other makes 1,
+  so a correct target with the eager habit read as a precision fault (+0.088, z = 125 on the H200, 2026-12-03)
+  when no legitimate sample had it. `<inner>+dtype_sum` runs transformers' own `<inner>` experts with every
+  (token, expert) slot as its own top-1 row, then adds each token's slots in the dtype in expert order: on the
+  CPU that is transformers' eager loop bit for bit (checks/tests/test_oracle_experts.py). The decoys already
+  run the reference again in other company, so this costs no extra forward.
 """
 from __future__ import annotations
 
@@ -22,6 +31,8 @@ import torch
 
 PADDED = "dpep_padded_bmm"
 CHOICES = ("auto", "eager", "grouped_mm", "batched_mm", PADDED)
+DTYPE_SUM = "+dtype_sum"
+FP32_SUMS = ("grouped_mm", "batched_mm")   # transformers' experts that add a token's slots in float32
 
 
 def padded_bmm_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -49,15 +60,44 @@ def padded_bmm_experts_forward(self, hidden_states: torch.Tensor, top_k_index: t
     return out.view(n, k, hidden_states.shape[-1]).sum(dim=1).to(hidden_states.dtype)
 
 
+def dtype_sum_forward(inner):
+    """transformers' `inner` experts, each (token, expert) slot as its own top-1 row (its weighted output in the
+    dtype, as `inner` computes it), then a token's slots added in the dtype in ascending expert order, starting
+    from the first (transformers' eager loop: zeros, then one index_add_ per expert in expert order)."""
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        n, k = top_k_index.shape
+        if n == 0 or k == 1:
+            return inner(self, hidden_states, top_k_index, top_k_weights)
+        slots = inner(self, hidden_states.repeat_interleave(k, 0), top_k_index.reshape(-1, 1),
+                      top_k_weights.reshape(-1, 1)).view(n, k, -1)
+        order = top_k_index.argsort(dim=1, stable=True)
+        slots = slots.gather(1, order[..., None].expand(-1, -1, slots.shape[-1]))
+        acc = slots[:, 0]
+        for j in range(1, k):
+            acc = acc + slots[:, j]
+        return acc
+    return forward
+
+
 def register() -> bool:
-    """Register `dpep_padded_bmm` with transformers (idempotent); False where this transformers has no experts
-    interface (4.x: eager experts only)."""
+    """Register `dpep_padded_bmm` and the `<inner>+dtype_sum` decoys with transformers (idempotent); False where
+    this transformers has no experts interface (4.x: eager experts only)."""
     try:
-        from transformers.integrations.moe import ExpertsInterface
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
     except ImportError:
         return False
     ExpertsInterface.register(PADDED, padded_bmm_experts_forward)
+    for inner in FP32_SUMS:
+        if inner in ALL_EXPERTS_FUNCTIONS:
+            ExpertsInterface.register(inner + DTYPE_SUM, dtype_sum_forward(ALL_EXPERTS_FUNCTIONS[inner]))
     return True
+
+
+def decoy_experts(reference: str) -> str | None:
+    """The decoy variants' experts for a reference running `reference`: its dtype-accumulating twin where the
+    reference adds a token's expert outputs in float32; None where it already adds them in the dtype (eager)."""
+    return reference + DTYPE_SUM if reference in FP32_SUMS else None
 
 
 def _choice(env: str, default: str) -> str:

@@ -9,8 +9,9 @@ tensors; every tensor a UnitRef holds is back on the CPU.
 
 Experts (checks.oracle_experts, through transformers' `experts_implementation` switch): the truth's float64
 experts run as two padded batched GEMMs (`dpep_padded_bmm`), the reference's through transformers'
-`grouped_mm` on CUDA and its eager loop on CPU. Every request of an example runs in one right-padded forward
-(`per_request`, `model`).
+`grouped_mm` on CUDA and its eager loop on CPU; the decoy variants' add a token's expert outputs in the dtype
+where the reference adds them in float32 (`oracle_experts.decoy_experts`). Every request of an example runs in
+one right-padded forward (`per_request`, `model`).
 
 Rows are the extend tokens of every request, in global order (DP rank, then request, then position).
 """
@@ -113,8 +114,9 @@ class Oracle:
         self.device = resolve_device(device)
         self.truth_device = resolve_device(truth_device) if truth_device else self.device
         self.truth_model = load_model(self.dir, "float64", self.truth_device, oracle_experts.truth_experts())
-        self.ref_model = load_model(self.dir, dtype, self.device,
-                                    oracle_experts.reference_experts(self.dtype, self.device))
+        ref_experts = oracle_experts.reference_experts(self.dtype, self.device)
+        self.ref_model = load_model(self.dir, dtype, self.device, ref_experts)
+        self.decoy_experts = oracle_experts.decoy_experts(ref_experts)
         self.config = self.truth_model.config
 
     def _both(self):
@@ -210,6 +212,11 @@ class Oracle:
     # GEMM blocking depends on the batch, so one token's rounding differs with its company (measured: a
     # qwen3-moe MoE row's fp32 error went from 1.3e-7 alone to 5.9e-7 among 8 rows). Together with the plain
     # reference these sample the error one device legitimately makes. Each unit picks its kind (checks.units).
+    # The evaluations among decoys (the 7-row one for the MoE block) also take the other legitimate habit of
+    # adding a token's expert outputs (`self.decoy_experts`: in the dtype where the reference adds in float32).
+    def _decoy_experts(self):
+        return experts_as(self.ref_model, self.decoy_experts)
+
     @torch.no_grad()
     @_timed("variants")
     def decoy_rows(self, layer: int, batch: Batch, x: torch.Tensor) -> list[torch.Tensor]:
@@ -220,7 +227,8 @@ class Oracle:
         out = []
         for extra in (1, 7):
             decoys = torch.randn(extra, x.shape[1], generator=g, dtype=torch.float64).to(dt)
-            out.append(block(torch.cat([x.to(dt), decoys]).to(_dev(model))[None])[0, : x.shape[0]].cpu())
+            with self._decoy_experts() if extra == 7 else contextlib.nullcontext():
+                out.append(block(torch.cat([x.to(dt), decoys]).to(_dev(model))[None])[0, : x.shape[0]].cpu())
         return out
 
     @torch.no_grad()
@@ -231,7 +239,8 @@ class Oracle:
         g = torch.Generator().manual_seed(batch.seed + 1)
         longest = max([s.shape[0] for s in seqs] + [1])
         decoys = list(torch.randn(2, longest, self.config.hidden_size, generator=g, dtype=torch.float64))
-        rows, _ = self._padded_requests(self.ref_model, self.dtype, batch, seqs, fn, [], extra=decoys)
+        with self._decoy_experts():
+            rows, _ = self._padded_requests(self.ref_model, self.dtype, batch, seqs, fn, [], extra=decoys)
         return [rows]
 
     @torch.no_grad()
@@ -242,8 +251,23 @@ class Oracle:
         longest = max([t.shape[0] for t in token_ids] + [1])
         decoys = list(torch.randint(0, self.config.vocab_size, (2, longest), generator=g))
         ids = pad_sequence([*token_ids, *decoys], batch_first=True) if token_ids else None
-        logits, _, _ = self._model_calls(self.ref_model, self.dtype, batch, ids)
+        with self._decoy_experts():
+            logits, _, _ = self._model_calls(self.ref_model, self.dtype, batch, ids)
         return [logits]
+
+
+@contextlib.contextmanager
+def experts_as(model, experts: str | None):
+    """`model`'s experts through transformers' implementation `experts` inside the block (None: unchanged)."""
+    before = model.config._experts_implementation
+    if experts is None or experts == before:
+        yield
+        return
+    model.set_experts_implementation(experts)
+    try:
+        yield
+    finally:
+        model.set_experts_implementation(before)
 
 
 def _keep_output(store: dict, i: int):

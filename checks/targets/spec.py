@@ -377,8 +377,12 @@ class SpecModel:
 
     def routed_experts_grouped(self, i, x, w, ids, counts, local: range):
         """Slots (row, k) routed to a local expert, sorted by expert; gate|up and down as grouped GEMMs over the
-        expert groups; each slot's output times its routing weight; a row's k slots summed (fp32 accumulate,
-        one rounding: what fused MoE kernels do, and transformers' grouped_mm experts)."""
+        expert groups; each slot's output times its routing weight; a row's k slots added in expert order in
+        `expert_accumulator_dtype` (default: the dtype, as the per-expert loop and transformers' eager experts).
+        That is the habit with the most roundings (k - 1 where fused kernels' float32 sum makes 1): the spec is
+        also the precision test's layout reference, so a correct target with that habit at a TP / EP layout has
+        a legitimate sample of both its habit and the layout's roundings (with the float32 sum here, the H200
+        read EXPERTS_LOOP at tp4-dp2-ep1 as a precision fault: +0.051, z = 81, 2026-12-04)."""
         n, k = ids.shape
         flat = ids.reshape(-1)
         mine = ((flat >= local.start) & (flat < local.stop)).nonzero().squeeze(1)
@@ -396,7 +400,11 @@ class SpecModel:
             gate, up = mm(x[mine // k], gu_w.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
             y = mm(F.silu(gate) * up, down_w.transpose(-2, -1), offs=offs)
             slots[mine] = y * w.reshape(-1)[mine, None]
-        return slots.view(n, k, x.shape[1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+        slots = slots.view(n, k, x.shape[1]).gather(1, ids.argsort(dim=1, stable=True)[..., None].expand(-1, -1, x.shape[1]))
+        acc = slots[:, 0].to(self.expert_accumulator_dtype or x.dtype)   # slots of other ranks' experts are 0
+        for j in range(1, k):
+            acc = acc + slots[:, j]
+        return acc.to(x.dtype)
 
     def routed_experts_loop(self, i, x, w, ids, counts):
         p = f"model.layers.{i}.mlp.experts."
