@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "killtable": ("checks.killtable", (), "run the property suite on every mutant and a control; "
                                           "writes reports/kill-table.{md,json}"),
     "replay": ("checks.replay", (), "replay one parity example exactly, from a failure's replay: line"),
+    "bisect": ("checks.bisect", (), "find the SGLang release where a replay line's or a pytest run's verdict "
+                                    "changes (docs/museum.md)"),
+    "sglang-env": ("checks.targets.sglang.envs", (), "cached environments of SGLang releases: install | list | "
+                                                    "python (docs/sglang.md)"),
     "fixtures": ("fixtures.__main__", (), "list or build the tiny fixture models"),
     "calibrate": ("checks.calibrate", (), "calibrate the tolerance model on split-K GEMMs"),
     "bench": ("checks.bench_gpu", (), "the GPU tier's figures: bench | tolerance | gemm (docs/gpu.md)"),

@@ -15,7 +15,8 @@ from dpep_parity.checks.topology import Layout
 from dpep_parity.checks.units import UNITS
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The replay line's grammar (also read by `dpep bisect`, which takes a replay line)."""
     ap = argparse.ArgumentParser(prog=prog("python -m checks.replay"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="spec")
     ap.add_argument("--unit", required=True, choices=UNITS)
@@ -29,8 +30,13 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", action="store_true",
                     help="also run the spec at the same layout and print the precision test's evidence "
                          "(half-precision dtypes; the test itself pools many examples: test_precision.py)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     a = ap.parse_args(argv)
-    bad = _problems(a)
+    bad = problems(a)
     if bad:     # a usage error (exit 2) before any rank starts, every problem at once
         ap.error("\n  ".join(["the example cannot run:", *bad]))
     from dpep_parity.fixtures.build import fixture_path
@@ -55,7 +61,7 @@ def _checked(parse):
     return run
 
 
-def _problems(a) -> list[str]:
+def problems(a) -> list[str]:
     from dpep_parity.checks.targets.protocol import resolve
     from dpep_parity.checks.topology import layout_violations
     from dpep_parity.fixtures.specs import FIXTURES, fixture_config

@@ -10,8 +10,24 @@
 # checks/targets/sglang/cpu_shims.py supplies an import-time stand-in instead.
 # Idempotent: a second run finds everything installed and returns in seconds.
 # Usage: bash scripts/install_sglang_cpu.sh     (inside the project's virtualenv; SGLANG_VERSION to override)
+#        bash scripts/install_sglang_cpu.sh --release 0.5.21 [0.5.22 ...]
+#             also builds each release's own cached environment, layered over this one
+#             (checks/targets/sglang/envs.py; $DPEP_SGLANG_ENVS, default ~/.cache/dpep-parity/sglang-envs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+RELEASES=()
+if [ "${1:-}" = "--release" ]; then
+  shift
+  [ "$#" -gt 0 ] || { echo "usage: $0 [--release VERSION ...]" >&2; exit 2; }
+  RELEASES=("$@")
+  # an unknown or unsupported release is refused before anything installs
+  python -c "import sys; from dpep_parity.checks.targets.sglang import releases as r
+try:
+    bad = [f'sglang {v}: {r.get(v).blocked}' for v in sys.argv[1:] if not r.get(v).supported]
+except r.UnknownRelease as e:
+    bad = [str(e)]
+if bad: raise SystemExit(chr(10).join(bad))" "${RELEASES[@]}" || exit 2
+fi
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 C=(-c .ci/constraints.txt)
@@ -54,4 +70,7 @@ assert torch.__version__.startswith("2.13.0"), f"torch {torch.__version__} repla
 print("sglang", metadata.version("sglang"), "torch", torch.__version__,
       "transformers", metadata.version("transformers"))
 PY
+if [ "${#RELEASES[@]}" -gt 0 ]; then
+  python -m dpep_parity.checks.targets.sglang.envs install --constraints .ci/constraints.txt "${RELEASES[@]}"
+fi
 echo "install_sglang_cpu: done in $(( $(date +%s) - t0 )) s"

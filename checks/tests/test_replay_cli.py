@@ -44,5 +44,5 @@ def test_bad_example_is_a_usage_error_naming_the_problem(change, says, capsys, m
 def test_the_printed_replay_line_is_accepted():
     ns = argparse.Namespace(target="spec", unit="moe", fixture="qwen3-moe", layout=Layout.parse("tp2-dp2-ep2"),
                             dtype="bfloat16", layer=1, batch=parse_batch("dp0:0+5,3+1 dp1:idle seed=7"))
-    assert replay._problems(ns) == []
+    assert replay.problems(ns) == []
     assert ns.batch.per_dp == ((Request(0, 5), Request(3, 1)), ())

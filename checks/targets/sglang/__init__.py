@@ -1,21 +1,21 @@
-"""The `sglang` target: SGLang's real layers (sglang 0.5.23) under the property suite, on every rank of the
+"""The `sglang` target: SGLang's real layers (the releases of `releases.py`) under the property suite, on every rank of the
 suite's torch.distributed world (gloo on CPU, NCCL on GPU runners). See docs/sglang.md.
 
     python -m pytest property_tests --target checks.targets.sglang:TARGET --world-sizes 1,2,4
 
-This module is light: it checks the installed version (importlib.metadata) and, in rank processes, installs
+This module is light: it checks the installed release (importlib.metadata, `releases`) and, in rank processes, installs
 the torchvision import-time stand-in (cpu_shims) *before* anything imports sglang (the ranks import this
 module to resolve the target). SGLang itself is imported on the ranks only, in `session` (SGLang's state per layout: parallel runtime,
 model, KV pools, attention backend), `batch` (ForwardBatch per step) and `units` (moe, attention, decoder,
-model).
+model). What differs between releases is in `eras/` (one adapter module per era, chosen by the installed
+release); `museum/` holds SGLang's shipped bugs reproduced on the releases that shipped them.
 """
 from __future__ import annotations
 
 import multiprocessing
 import sys
-from importlib import metadata
 
-from dpep_parity.checks.targets.sglang import cpu_shims
+from dpep_parity.checks.targets.sglang import cpu_shims, releases
 
 # Rank processes (spawned children of the suite's World) import this module to resolve the target, before
 # anything imports sglang: install the torchvision stand-in there. The parent process (pytest) never imports
@@ -23,25 +23,27 @@ from dpep_parity.checks.targets.sglang import cpu_shims
 if multiprocessing.parent_process() is not None:
     cpu_shims.install_torchvision_standin()
 
-SUPPORTED_VERSIONS = ("0.5.23",)
-INSTALL_HINT = "run scripts/install_sglang_cpu.sh or pip install dpep-parity[sglang]"
+INSTALL_HINT = ("run scripts/install_sglang_cpu.sh (another release: scripts/install_sglang_cpu.sh --release X, "
+                "docs/sglang.md) or pip install dpep-parity[sglang]")
+
 
 def sglang_version() -> str | None:
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
+    return releases.installed_version()
 
 
 def unavailable_reason() -> str | None:
-    """None when a supported sglang is installed; else the message (missing / unsupported version)."""
+    """None when a supported sglang is installed; else the message (missing / unknown / unsupported)."""
     v = sglang_version()
     if v is None:
         return f"sglang is not installed: {INSTALL_HINT}"
-    if v not in SUPPORTED_VERSIONS:
-        return (f"sglang {v} is installed but the sglang target supports only {', '.join(SUPPORTED_VERSIONS)} "
-                f"(its layer internals change between releases): install sglang=={SUPPORTED_VERSIONS[-1]} "
-                f"({INSTALL_HINT})")
+    supported = ", ".join(r.version for r in releases.supported())
+    try:
+        rel = releases.get(v)
+    except releases.UnknownRelease:
+        return (f"sglang {v} is installed but the sglang target knows only the releases of "
+                f"checks/targets/sglang/releases.py (supported: {supported}): install one of them ({INSTALL_HINT})")
+    if not rel.supported:
+        return f"sglang {v} is installed but the sglang target cannot run it: {rel.blocked} (supported: {supported})"
     return None
 
 
@@ -56,7 +58,6 @@ def _fail(reason: str):
 
 class SGLangTarget:
     name = "sglang"
-    _units = ("moe", "attention", "decoder", "model")
     sessions = True          # serving sessions keep their KV cache in SGLang's pools (units.serve_model)
 
     @property
@@ -66,7 +67,19 @@ class SGLangTarget:
         reason = unavailable_reason()
         if reason:
             _fail(reason)
-        return self._units
+        return self._adapter().units
+
+    def skip_reason(self, unit, config, layout) -> str | None:
+        """A unit the installed release's adapter does not reach: why (docs/sglang.md, release x unit)."""
+        if unit in self.units:
+            return None
+        why = self._adapter().unreached.get(unit, "no adapter step for this unit")
+        return f"sglang {sglang_version()}: {why}"
+
+    @staticmethod
+    def _adapter():
+        from dpep_parity.checks.targets.sglang import eras
+        return eras.adapter(sglang_version())
 
     def known_failure(self, result, fixture, layer):
         from dpep_parity.checks.targets.sglang.findings import explained

@@ -13,8 +13,6 @@ rows and cache slots, gathered-buffer sizes, `num_token_non_padded`) and the bac
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from dpep_parity.checks.batches import DECODE, EXTEND, IDLE, Batch, Request
@@ -107,7 +105,7 @@ def forward_batch(s, batch: Batch, dp_rank: int, rows: list[int], input_ids: tor
         seq_lens_cpu=seq_lens.cpu(), positions=positions.to(torch.int64),
         is_extend_in_batch=batch.is_extend_in_batch,
         capture_hidden_mode=CaptureHiddenMode.FULL if capture_full else CaptureHiddenMode.NULL, **kw)
-    fb._init_num_token_non_padded(device=dev, is_draft_worker=False)
+    s.adapter.init_num_token_non_padded(fb, dev, n)
     if s.env.layout.dp > 1:
         # What the scheduler all-gathers (tokens per DP rank) is the batch metadata every rank already has.
         counts = batch.tokens_per_dp()
@@ -124,15 +122,9 @@ def forward_batch(s, batch: Batch, dp_rank: int, rows: list[int], input_ids: tor
     return fb
 
 
-@contextmanager
 def running(s, fb):
-    """The scope ModelRunner._forward_raw opens around a forward: the forward context (attention backend and
-    batch) and the model's shared-experts configuration."""
-    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-    from sglang.srt.runtime_context import get_model
-    with get_model().override(shared_experts=s.model.shared_experts_config), \
-            forward_context(ForwardContext(attn_backend=s.pools.backend), forward_batch=fb):
-        yield
+    """The scope ModelRunner._forward_raw opens around a forward, as the installed release opens it."""
+    return s.adapter.running(s, fb)
 
 
 def gathered_start(fb) -> int:

@@ -95,7 +95,9 @@ def install(device: str) -> list[str]:
     import torch.distributed as dist
     gloo = dist.is_initialized() and dist.get_backend() == "gloo"
     done = []
-    for name, fn in _WORKAROUNDS + (_GLOO_SHIMS if gloo else []) + (_SHIMS if device == "cpu" else []):
+    # DPEP_SGLANG_WORKAROUNDS=off: SGLang as shipped, its diagnosed bugs included (the museum's F3 exhibit)
+    fixes = [] if os.environ.get("DPEP_SGLANG_WORKAROUNDS") == "off" else _WORKAROUNDS
+    for name, fn in fixes + (_GLOO_SHIMS if gloo else []) + (_SHIMS if device == "cpu" else []):
         if name not in _INSTALLED:
             _INSTALLED[name] = fn()
         done.append(name)

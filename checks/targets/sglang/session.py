@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from dpep_parity.checks.targets.protocol import BuildEnv
-from dpep_parity.checks.targets.sglang import cpu_shims
+from dpep_parity.checks.targets.sglang import cpu_shims, eras
+from dpep_parity.checks.targets.sglang.releases import installed_version
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 ATTENTION_BACKEND = "torch_native"   # the one SGLang backend built from pools alone (docs/sglang.md)
@@ -98,6 +99,7 @@ class Session:
         self.pools: Pools | None = None
         self.server_args = self.model_config = None
         self.serving = None          # units.ServingState of the serving session whose KV the pools hold
+        self.adapter = eras.adapter(installed_version())   # the installed release's way of each step
 
 
 _SESSION: Session | None = None
@@ -125,10 +127,7 @@ def session_for(env: BuildEnv) -> Session:
 
 
 def _teardown():
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import reset_context
-    parallel_state.destroy_model_parallel()     # SGLang's own teardown of TP / attn-TP / MoE groups
-    reset_context()                             # published config, flags, parallel overrides
+    eras.adapter(installed_version()).teardown()
 
 
 def _config_dir(config: dict) -> str:
@@ -163,33 +162,21 @@ def _setup(s: Session):
     _quiet_sglang()
     t0 = time.perf_counter()
     cpu_shims.install_torchvision_standin()   # no-op when the target module installed it already
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed import bootstrap
-    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
-    from sglang.srt.server_args import ServerArgs
+    import sglang.srt.server_args  # noqa: F401  (the import cost is measured here, not in setup)
     cpu_shims.install(dev.type)
     STATS["import"].append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()
-    server_args = ServerArgs(
+    s.adapter.setup(s, dict(
         model_path=_config_dir(env.config), device=dev.type, dtype=_DTYPE_NAMES[env.dtype],
         tp_size=lay.tp, dp_size=lay.dp, enable_dp_attention=lay.dp > 1, ep_size=lay.ep,
         enable_dp_lm_head=lay.dp_lm_head, disable_cuda_graph=True, skip_tokenizer_init=True,
         disable_custom_all_reduce=dev.type == "cpu", attention_backend=ATTENTION_BACKEND,
-        load_format="dummy")
-    reset_context()
-    gpu_id = torch.cuda.current_device() if dev.type == "cuda" else 0
-    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=env.rank, gpu_id=gpu_id, dp_rank=None))
-    # torch.distributed is initialized already: init_distributed_environment keeps it and wraps WORLD;
-    # initialize_model_parallel and initialize_dp_attention build SGLang's groups over it.
-    bootstrap.init_parallel_runtime(server_args=server_args, device=dev.type, dist_port=0)
-    model_config = ModelConfig.from_server_args(server_args)
-    bootstrap.init_layer_runtime(model_config=model_config)
-    s.server_args, s.model_config = server_args, model_config
+        load_format="dummy"), env.rank, dev)
     STATS["setup"].append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()
-    s.model = _build_model(env, model_config)
+    s.model = _build_model(env, s.model_config)
     s.pools = Pools(s.model, env.dtype, dev)
     STATS["load"].append(time.perf_counter() - t0)
 

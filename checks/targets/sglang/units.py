@@ -85,12 +85,6 @@ def run_moe(s, env: BuildEnv, step: Step) -> dict:
     rank's rows (dp_gather_replicate into the global DP buffer), the block on the gathered buffer, then the
     exit SGLang's ExitPolicy selects (dp_reduce_scatter(v) completing the sum, or the MoE output's sum over
     its group followed by dp_scatter); without DP attention the MoE output's sum alone."""
-    from sglang.srt.layers.layer_boundary import exit as sgl_exit
-    from sglang.srt.layers.layer_boundary import ops as sgl_ops
-    from sglang.srt.layers.layer_boundary.layout import SumGroup
-    from sglang.srt.layers.moe.utils import should_use_dp_reduce_scatterv
-    from sglang.srt.runtime_context import get_exec
-
     lay = env.layout
     x = step.inputs[0].to(env.dtype).to(env.device)
     n = x.shape[0]
@@ -100,21 +94,7 @@ def run_moe(s, env: BuildEnv, step: Step) -> dict:
     x = _padded(x, fb.input_ids.shape[0])          # this rank's rows after SGLang's padding
     taps = Taps(s, [env.layer], n)
     with running(s, fb), taps.around(fb):
-        if lay.dp > 1:
-            g = sgl_ops.dp_gather(x.contiguous(), fb)
-            y = block(g, fb)
-            strategy = get_exec().comm.boundary_reduction
-            dp_step = sgl_exit._select_dp_reduce_scatter(
-                fb, may_reduce_scatter=strategy in ("rs", "rs+rsv"),
-                reduce_scatterv=strategy in ("rsv", "rs+rsv") and should_use_dp_reduce_scatterv())
-            if dp_step is None:
-                y = sgl_ops.sum_output(y, SumGroup.MOE_OUTPUT, fb, may_quantize=False)
-                out = sgl_ops.to_dp_local(sgl_ops._dp_scatter_step, fb, y)
-            else:
-                out = sgl_ops.to_dp_local(dp_step, fb, y)
-        else:
-            y = block(x, fb)
-            out = sgl_ops.sum_output(y, SumGroup.MOE_OUTPUT, fb, may_quantize=False)
+        out = s.adapter.moe(s, fb, block, x, lay.dp)
     return {"out": out[:n].clone(), "padding_mode": _mode(fb, lay.dp), **taps.report()}
 
 
@@ -124,8 +104,6 @@ def run_attention(s, env: BuildEnv, step: Step) -> dict:
     No collective inside (column-parallel QKV, row-parallel o_proj without reduction); the output's sum over
     attention TP is SGLang's `sum_output` for the group the attention declares. An attention-TP group holds
     one DP rank's rows, so its members have the same row count and call the sum together."""
-    from sglang.srt.layers.layer_boundary.layout import SumGroup
-    from sglang.srt.layers.layer_boundary.ops import sum_output
     attn = s.model.model.layers[env.layer].self_attn
     rows = request_rows(s.pools, len(step.requests))
 
@@ -135,7 +113,7 @@ def run_attention(s, env: BuildEnv, step: Step) -> dict:
         with running(s, fb):
             y = attn(positions=fb.positions, hidden_states=x, forward_batch=fb) if x.shape[0] else x
             if y.shape[0]:
-                y = sum_output(y, SumGroup.ATTN_TP, fb, may_quantize=False)
+                y = s.adapter.attention_sum(y, fb)
         return fb, y
 
     _prime(s, step, rows, lambda pb, prow: attend(pb, prow, _hidden(env, step, "prefix")))
@@ -147,20 +125,15 @@ def run_attention(s, env: BuildEnv, step: Step) -> dict:
 # ---------------------------------------------------------------- decoder
 def run_decoder(s, env: BuildEnv, step: Step) -> dict:
     """Layer i's forward on each request's residual stream (prefix rows primed through the same layer)."""
-    from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
     layer = s.model.model.layers[env.layer]
     rows = request_rows(s.pools, len(step.requests))
 
     def forward(batch: Batch, req_rows, x, taps=None):
         fb = forward_batch(s, batch, step.dp_rank, req_rows, None)
         x = _padded(x, fb.input_ids.shape[0])
-        got: list[torch.Tensor] = []
         with running(s, fb), (taps.around(fb) if taps else _nothing()):
-            residual_batch.start(fb)
-            y = layer(fb.positions, x, fb)
-            residual_batch.final_norm(y, fb, s.model.model.norm, capture=lambda v, **_: got.append(v.clone()),
-                                      skip_empty=True)
-        return fb, got[0] if got else x[:0]
+            y = s.adapter.decoder(s, layer, fb, x)
+        return fb, x[:0] if y is None else y
 
     _prime(s, step, rows, lambda pb, prow: forward(pb, prow, _hidden(env, step, "prefix")))
     x = _hidden(env, step, "extend")

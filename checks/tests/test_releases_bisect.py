@@ -1,0 +1,142 @@
+"""The release registry, `dpep bisect` and the museum's records: no sglang, no rank process (a fake runner
+stands in for a release's run; the real runs are in CI's museum step and docs/museum.md)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpep_parity.checks import bisect
+from dpep_parity.checks.targets.sglang import envs, museum, releases
+
+R = releases.Release
+
+
+def _rels(n: int) -> list:
+    return [R(f"9.9.{i}", "2026-01-01", "layer_boundary") for i in range(n)]
+
+
+def test_release_order_puts_posts_after_their_release():
+    keys = [releases.version_key(v) for v in ("0.5.9", "0.5.10", "0.5.10.post1", "0.5.11")]
+    assert keys == sorted(keys)
+    assert [r.key for r in releases.RELEASES] == sorted(r.key for r in releases.RELEASES)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("0.5.99..0.5.23", "not a release the sglang target knows"),
+    ("0.5.23..0.5.21", "is empty"),
+    ("0.5.10..0.5.15", "holds no release the sglang target supports"),
+    ("banana", "not an sglang release number"),
+])
+def test_bad_release_ranges_are_named(text, says):
+    with pytest.raises(releases.UnknownRelease, match=says):
+        releases.parse_range(text)
+
+
+def test_a_range_keeps_only_the_supported_releases_oldest_first():
+    got = [r.version for r in releases.parse_range("0.5.18..0.5.23")]
+    assert got == [r.version for r in releases.supported() if r.key >= releases.version_key("0.5.18")]
+    assert got == sorted(got, key=releases.version_key)
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_bisect_finds_every_boundary_position(n, tmp_path, monkeypatch):
+    """Exhaustive over the boundary's place (and no boundary), both directions: the first release whose
+    verdict differs from the oldest's, within ceil(log2(n)) + 2 runs."""
+    rels = _rels(n)
+    for at in range(n + 1):                      # at == n: every release alike (no boundary)
+        for before, after in (("PASS", "FAIL"), ("FAIL", "PASS")):
+            runs = []
+
+            def fake(query, version, timeout, log, env=None, at=at, before=before, after=after, runs=runs):
+                runs.append(version)
+                i = int(version.rsplit(".", 1)[1])
+                return {"verdict": after if i >= at and at > 0 else before, "rc": 0, "seconds": 0.0,
+                        "evidence": ""}
+            monkeypatch.setattr(bisect, "run_release", fake)
+            q = bisect.Query("pytest", ("x",))
+            res = bisect.bisect(q, rels, bisect.State(tmp_path / f"s{n}-{at}-{before}.json", q), 1.0,
+                                log=lambda m: None)
+            if 0 < at < n:
+                assert res["found"] and res["at"] == f"9.9.{at}" and res["before"] == f"9.9.{at - 1}"
+                assert res["kind"] == ("first bad release" if before == "PASS" else "first fixed release")
+            else:
+                assert not res["found"] and not res["error"]
+            assert len(runs) == len(set(runs)) <= (n - 1).bit_length() + 2
+
+
+def test_bisect_resumes_from_its_state_file(tmp_path, monkeypatch):
+    rels, q = _rels(5), bisect.Query("pytest", ("x",))
+    calls = []
+
+    def fake(query, version, timeout, log, env=None):
+        calls.append(version)
+        return {"verdict": "FAIL" if version >= "9.9.3" else "PASS", "rc": 0, "seconds": 0.0, "evidence": ""}
+    monkeypatch.setattr(bisect, "run_release", fake)
+    path = tmp_path / "state.json"
+    first = bisect.bisect(q, rels, bisect.State(path, q), 1.0, log=lambda m: None)
+    n = len(calls)
+    again = bisect.bisect(q, rels, bisect.State(path, q), 1.0, log=lambda m: None)
+    assert first == again and first["at"] == "9.9.3" and len(calls) == n      # nothing ran again
+    other = bisect.Query("pytest", ("y",))                                    # another query: fresh state
+    assert bisect.State(path, other).verdicts == {}
+    assert json.loads(path.read_text())["query"] == q.text
+
+
+def test_an_error_verdict_stops_the_search_without_a_boundary(tmp_path, monkeypatch):
+    monkeypatch.setattr(bisect, "run_release", lambda *a, **k: {"verdict": "ERROR", "rc": 124, "seconds": 0.0,
+                                                                 "evidence": "timed out"})
+    q = bisect.Query("pytest", ("x",))
+    assert bisect.bisect(q, _rels(4), bisect.State(tmp_path / "s.json", q), 1.0, log=lambda m: None)["error"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--releases", "0.5.99..0.5.23", "--pytest", "x"], "not a release the sglang target knows"),
+    (["--releases", "0.5.10..0.5.12", "--pytest", "x"], "holds no release"),
+    (["--releases", "0.5.21..0.5.23", "--replay", "dpep replay --unit moe --fixture nope --layout tp1-dp1-ep1 "
+      "--batch 'dp0:0+3 seed=1'"], "--fixture 'nope' is unknown"),
+    (["--releases", "0.5.21..0.5.23", "--replay", "dpep replay --unit moe --layout tp1"], "does not parse"),
+    (["--releases", "0.5.21..0.5.23", "--replay", "python -m checks.replay --target sglang --unit moe "
+      "--fixture qwen3-moe --layout tp1-dp1-ep1 --batch 'dp0:0+3 seed=1'"], "sglang 0.5.21 does not reach unit"),
+])
+def test_bisect_refuses_bad_input_before_anything_installs(args, says, capsys, monkeypatch):
+    monkeypatch.setattr(envs, "install", lambda *a, **k: pytest.fail("an environment would have been built"))
+    monkeypatch.setattr(bisect, "run_release", lambda *a, **k: pytest.fail("a release would have run"))
+    with pytest.raises(SystemExit) as e:
+        bisect.main(args)
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_envs_refuse_an_unsupported_release_before_building(monkeypatch, tmp_path):
+    monkeypatch.setenv("DPEP_SGLANG_ENVS", str(tmp_path))
+    monkeypatch.setattr(envs, "_run", lambda *a, **k: pytest.fail("a command would have run"))
+    with pytest.raises(releases.UnknownRelease, match="no adapter yet"):
+        envs.install("0.5.12")
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_exhibit_is_complete_and_every_caught_query_parses():
+    assert museum.EXHIBITS
+    for ex in museum.EXHIBITS.values():
+        releases.version_key(ex.fixed) if ex.fixed else None
+        for v in ex.shipped:
+            releases.version_key(v)
+        if ex.status == museum.CAUGHT:
+            q = museum.parsed_query(ex)
+            assert q.kind in ("replay", "pytest") and ex.prop
+            assert museum.plan(ex), f"{ex.id}: caught, yet no release it names is reachable"
+        assert ex.evidence and ex.upstream and ex.mechanism
+
+
+def test_recall_counts_every_exhibit_misses_and_pending_included():
+    caught, total = museum.recall()
+    assert total == len(museum.EXHIBITS)
+    assert caught == sum(e.status == museum.CAUGHT for e in museum.EXHIBITS.values()) < total
+
+
+def test_an_exhibit_that_is_not_caught_must_say_why():
+    with pytest.raises(AssertionError, match="says why"):
+        museum.Exhibit("X", "t", ("#1",), "m", "crash", ("0.5.21",), None, "e", museum.MISS)
+    with pytest.raises(AssertionError, match="has a query"):
+        museum.Exhibit("X", "t", ("#1",), "m", "crash", ("0.5.21",), None, "e", museum.CAUGHT)
