@@ -27,14 +27,17 @@ class _RunnerStub:
     lora_manager = None
     hisparse_coordinator = None
 
-    def __init__(self, model_config, attn_backend):
+    def __init__(self, server_args, model_config, attn_backend):
+        self.server_args = server_args          # read by the preparation of 0.5.16 - 0.5.18
         self.model_config = model_config
         self.attn_backend = attn_backend
 
 
 def _bind_runner_methods():
     from sglang.srt.model_executor.model_runner import ModelRunner
-    _RunnerStub.attn_tp_sequence_sharded = ModelRunner.attn_tp_sequence_sharded
+    # attn_tp_sequence_sharded: ModelRunner's since 0.5.20 (the preparation before it does not call it)
+    if hasattr(ModelRunner, "attn_tp_sequence_sharded"):
+        _RunnerStub.attn_tp_sequence_sharded = ModelRunner.attn_tp_sequence_sharded
     _RunnerStub.prepare_eager = ModelRunner._prepare_eager_forward_batch
 
 
@@ -114,7 +117,7 @@ def forward_batch(s, batch: Batch, dp_rank: int, rows: list[int], input_ids: tor
         fb.global_num_tokens_for_logprob_cpu = list(sample)
         fb.global_num_tokens_gpu = torch.tensor(counts, dtype=torch.int64, device=dev)
         fb.global_num_tokens_for_logprob_gpu = torch.tensor(sample, dtype=torch.int64, device=dev)
-    _RunnerStub(s.model_config, pools.backend).prepare_eager(fb)
+    _RunnerStub(s.server_args, s.model_config, pools.backend).prepare_eager(fb)
     if fb.batch_size > 0:
         pools.backend.init_forward_metadata(fb)
     else:
@@ -127,11 +130,10 @@ def running(s, fb):
     return s.adapter.running(s, fb)
 
 
-def gathered_start(fb) -> int:
+def gathered_start(s, fb) -> int:
     """Where this rank's rows start in the DP-gathered buffer the FFN sees: SGLang's padded per-DP-rank counts
-    after preparation (MAX_LEN: equal slots), this rank's slot from `dp_slot_in`; 0 without DP attention."""
-    from sglang.srt.layers.dp_attention import dp_slot_in
+    after preparation (MAX_LEN: equal slots), up to this rank's slot; 0 without DP attention."""
     counts = fb.global_num_tokens_cpu
     if counts is None:
         return 0
-    return sum(counts[: dp_slot_in(counts)])
+    return sum(counts[: s.adapter.dp_slot(counts)])

@@ -234,6 +234,8 @@ def _reduce_scatterv_without_pynccl():
     takes under --enable-deterministic-inference. Only for groups without a usable PyNccl communicator."""
     from sglang.srt.distributed.parallel_state import GroupCoordinator
     original = GroupCoordinator.reduce_scatterv
+    if not hasattr(GroupCoordinator, "_deterministic_reduce_scatterv"):   # before 0.5.21
+        GroupCoordinator._deterministic_reduce_scatterv = _deterministic_reduce_scatterv
 
     def reduce_scatterv(self, input_, output=None, sizes=None):
         comm = getattr(self, "pynccl_comm", None)
@@ -243,6 +245,29 @@ def _reduce_scatterv_without_pynccl():
     reduce_scatterv.__wrapped__ = original
     GroupCoordinator.reduce_scatterv = reduce_scatterv
     return "GroupCoordinator.reduce_scatterv -> _deterministic_reduce_scatterv without pynccl"
+
+
+def _deterministic_reduce_scatterv(self, input_, output, sizes):
+    """sglang 0.5.21's GroupCoordinator._deterministic_reduce_scatterv (distributed/parallel_state.py:1229-1254)
+    for the releases before it, which have only the PyNccl transport: the same contract and the same
+    assertions as reduce_scatterv itself (len(sizes) == world size, the rows add up), an all-reduce of the
+    group, then this rank's rows."""
+    import torch
+    if sizes is not None:
+        assert len(sizes) == self.world_size
+        assert input_.shape[0] == sum(sizes)
+        chunk, offset = sizes[self.rank_in_group], sum(sizes[: self.rank_in_group])
+    else:
+        assert input_.shape[0] % self.world_size == 0
+        chunk = input_.shape[0] // self.world_size
+        offset = chunk * self.rank_in_group
+    shape = (chunk,) + tuple(input_.shape[1:])
+    if output is None:
+        output = torch.empty(shape, dtype=input_.dtype, device=input_.device)
+    else:
+        assert tuple(output.shape) == shape
+    output.copy_(self.all_reduce(input_.clone()).narrow(0, offset, chunk))
+    return output
 
 
 def _coordinator_cpu_collectives():

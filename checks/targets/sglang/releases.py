@@ -64,7 +64,7 @@ _TABLE = [
     ("0.5.17", "2026-08-08", None, _PRE_BOOTSTRAP),
     ("0.5.18", "2026-08-21", None, _COMMUNICATOR),
     ("0.5.19", "2026-09-04", None, _COMMUNICATOR),
-    ("0.5.20", "2026-09-18", None, _COMMUNICATOR),
+    ("0.5.20", "2026-09-18", "communicator", ""),
     ("0.5.21", "2026-10-01", "layer_boundary", ""),
     ("0.5.22", "2026-10-15", "layer_boundary", ""),
     ("0.5.23", "2026-10-30", "layer_boundary", ""),

@@ -18,8 +18,6 @@ experts its router chose for this rank's own rows (per sparse layer).
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from dpep_parity.checks.batches import Batch
@@ -211,7 +209,7 @@ def _model_step(s, env: BuildEnv, step: Step, rows: list[int]) -> dict:
     fb = forward_batch(s, step.batch, step.dp_rank, rows, ids, capture_full=full)
     sparse = [i for i, layer in enumerate(model.model.layers) if _experts(layer) is not None]
     taps = Taps(s, sparse, n, count=False)
-    layers = _LayerCapture(model, n)
+    layers = _LayerCapture(model, n, s.adapter)
     with running(s, fb), taps.around(fb), layers:
         out = model.forward(fb.input_ids, fb.positions, fb)
     V = env.config["vocab_size"]
@@ -250,20 +248,17 @@ class _LayerCapture:
     added by a forward pre-hook, and the final norm's returned residual (the last layer's output) read by
     a forward hook. Reported only when every layer gave this rank's rows."""
 
-    def __init__(self, model, n: int):
-        self.model, self.n = model, n
+    def __init__(self, model, n: int, adapter):
+        self.model, self.n, self.adapter = model, n, adapter
         self.got: dict[int, torch.Tensor] = {}
         self.handles: list = []
 
     def __enter__(self):
         layers = self.model.model.layers
-        # Qwen3's layer names the option capture_output and hands it to its attention boundary as
-        # `capture`; Qwen2's layer passes its keywords to the boundary as they are.
-        params = inspect.signature(type(layers[0]).forward).parameters
-        key = "capture_output" if "capture_output" in params else "capture"
         for i in range(1, len(layers)):
             def pre(mod, args, kwargs, i=i):
-                kwargs[key] = lambda v, **_: self.got.setdefault(i - 1, v.detach().clone())
+                kwargs.update(self.adapter.capture_kwargs(
+                    type(layers[0]), lambda v, i=i: self.got.setdefault(i - 1, v.detach().clone())))
                 return args, kwargs
             self.handles.append(layers[i].register_forward_pre_hook(pre, with_kwargs=True))
 
@@ -320,7 +315,7 @@ class Taps:
 
     def __enter__(self):
         model_layers = self.s.model.model.layers
-        start = gathered_start(self.fb)
+        start = gathered_start(self.s, self.fb)
         rows = sum(self.fb.global_num_tokens_cpu) if self.fb.global_num_tokens_cpu is not None \
             else self.fb.input_ids.shape[0]
         for i in self.layers:

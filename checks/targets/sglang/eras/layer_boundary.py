@@ -55,6 +55,19 @@ class Release023(Adapter):
                 forward_context(ForwardContext(attn_backend=s.pools.backend), forward_batch=fb):
             yield
 
+    def dp_slot(self, counts: list[int]) -> int:
+        """This rank's slot in the DP-gathered buffer (dp_attention.dp_slot_in)."""
+        from sglang.srt.layers.dp_attention import dp_slot_in
+        return dp_slot_in(counts)
+
+    def capture_kwargs(self, layer_cls, sink) -> dict:
+        """The keyword that makes layer i hand `sink` the residual its attention boundary produced (layer i-1's
+        output, on this rank's rows): Qwen3's layer names it capture_output and hands it to its boundary as
+        `capture`; Qwen2's layer passes its keywords to the boundary as they are."""
+        import inspect
+        key = "capture_output" if "capture_output" in inspect.signature(layer_cls.forward).parameters else "capture"
+        return {key: lambda v, **_: sink(v)}
+
     # ------------------------------------------------------------ units
     def moe(self, s, fb, block, x: torch.Tensor, dp: int) -> torch.Tensor:
         """The FFN boundary path: the DP gather of every DP rank's rows (dp_gather_replicate into the global
@@ -141,6 +154,11 @@ class Release021(Release022):
         residual_batch.norm(y, fb, s.model.model.norm, capture_output=lambda v, **_: got.append(v.clone()),
                             skip_empty=True)
         return got[0] if got else None
+
+    def capture_kwargs(self, layer_cls, sink) -> dict:
+        """0.5.21's attention boundary takes `capture_output` for both Qwen layers (layer_boundary/stage.py:137,
+        Qwen2 forwards its keywords as they are)."""
+        return {"capture_output": lambda v, **_: sink(v)}
 
 
 ADAPTERS = {"0.5.23": Release023, "0.5.22": Release022, "0.5.21": Release021}
