@@ -17,7 +17,7 @@ from dpep_parity.checks import numerics, units
 from dpep_parity.checks.batches import DTYPES, Batch, padding_mode
 from dpep_parity.checks.recorder import mismatches
 from dpep_parity.checks.reference import Oracle, UnitRef
-from dpep_parity.checks.targets.protocol import resolve, skip_reason
+from dpep_parity.checks.targets.protocol import HarnessFault, resolve, skip_reason
 from dpep_parity.checks.topology import Layout, validate
 from dpep_parity.checks.unitjob import UnitJob, load_weights
 from dpep_parity.checks.world import RankResult, WorldFailure, get_world
@@ -225,6 +225,9 @@ def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: B
     try:
         results = world.run(job)
     except WorldFailure as e:
+        if e.kind == "harness":        # the target's glue does not fit the system: no verdict on it
+            raise HarnessFault(f"{target}: the harness could not run this example (not a verdict on the "
+                               f"target):\n{e}") from None
         res.checks.append(Check("liveness" if e.kind in ("hang", "deadline", "died") else "no-crash", False, str(e)))
         return res
     lay_ref = None

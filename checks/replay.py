@@ -39,9 +39,15 @@ def main(argv=None) -> int:
     bad = problems(a)
     if bad:     # a usage error (exit 2) before any rank starts, every problem at once
         ap.error("\n  ".join(["the example cannot run:", *bad]))
+    from dpep_parity.checks.targets.protocol import HarnessFault
     from dpep_parity.fixtures.build import fixture_path
-    res = run_example(a.target, a.unit, str(fixture_path(a.fixture)), a.layout, a.batch, a.dtype, a.layer,
-                      a.device, a.deadline, layout_reference=a.precision)
+    try:
+        res = run_example(a.target, a.unit, str(fixture_path(a.fixture)), a.layout, a.batch, a.dtype, a.layer,
+                          a.device, a.deadline, layout_reference=a.precision)
+    except HarnessFault as e:
+        print(e)
+        print("ERROR")
+        return 3
     if res.skipped:
         print(f"skipped: {res.skipped}")
         return 0

@@ -12,7 +12,15 @@ import torch
 from dpep_parity.checks import units
 from dpep_parity.checks.batches import DTYPES, Batch, Request
 from dpep_parity.checks.poison import poisoned
-from dpep_parity.checks.targets.protocol import BuildEnv, Groups, Serving, Step, resolve
+from dpep_parity.checks.targets.protocol import (
+    BuildEnv,
+    Groups,
+    HarnessFault,
+    Serving,
+    Step,
+    harness_fault,
+    resolve,
+)
 from dpep_parity.checks.topology import Layout
 
 
@@ -50,6 +58,17 @@ class UnitJob:
     build_id: str = ""           # a fresh build for this id (a stateful run's own), else shared per layout
 
     def __call__(self, ctx) -> dict:
+        try:
+            return self._run(ctx)
+        except HarnessFault:
+            raise
+        except Exception as e:
+            target = ctx.cache.get(("target", self.target))
+            if target is not None and harness_fault(target, e):
+                raise HarnessFault(f"{type(e).__name__}: {e}") from e
+            raise
+
+    def _run(self, ctx) -> dict:
         if ctx.world_size != self.layout.tp:
             raise RuntimeError(f"world of {ctx.world_size} ranks cannot run layout {self.layout}")
         config, weights = load_weights(self.model_dir)
@@ -58,8 +77,10 @@ class UnitJob:
         if self.build_id:   # one stateful run's build at a time: drop the builds of earlier runs
             for k in [k for k in ctx.cache if k[0] == "built" and k[-1] and k[-1] != self.build_id]:
                 del ctx.cache[k]
+        if ("target", self.target) not in ctx.cache:
+            ctx.cache[("target", self.target)] = resolve(self.target)
         if key not in ctx.cache:
-            target = resolve(self.target)
+            target = ctx.cache[("target", self.target)]
             dev = torch.device(ctx.device if ctx.device == "cpu" else f"cuda:{torch.cuda.current_device()}")
             env = BuildEnv(config, weights, self.layout, ctx.rank, groups, DTYPES[self.dtype], dev, self.layer,
                            self.poison)

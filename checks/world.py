@@ -32,7 +32,7 @@ class WorldFailure(AssertionError):
 
     def __init__(self, kind: str, message: str, records: dict[int, list[Record]] | None = None):
         super().__init__(message)
-        self.kind = kind          # "hang" | "rank-error" | "deadline" | "died"
+        self.kind = kind          # "hang" | "rank-error" | "deadline" | "died" | "harness"
         self.records = records or {}
 
 
@@ -50,6 +50,7 @@ class _RankState:
     waiting: Record | None = None      # collective entered, not exited
     finished: bool = False
     error: str | None = None
+    harness: bool = False              # the error is a HarnessFault: the target's glue, not the system
     value: Any = None
     seconds: float = 0.0
     died: bool = False
@@ -221,14 +222,15 @@ class World:
             placement = self.placement()
             if any(s.died for s in states) or self._dead_ranks():
                 self._discard(hung=False, died=True)
-            raise WorldFailure("rank-error", msg + ("\n" + mismatch if mismatch else "") + placement,
+            raise WorldFailure("harness" if any(s.harness for s in states) else "rank-error", msg + ("\n" + mismatch if mismatch else "") + placement,
                                {r: s.records for r, s in enumerate(states)})
         return [RankResult(r, s.value, s.records, s.seconds) for r, s in enumerate(states)]
 
     def _fail(self, kind: str, message: str, states: list[_RankState]):
         records = {r: s.records for r, s in enumerate(states)}
         if any(s.error for s in states):
-            kind = "rank-error"   # a rank raised and left the others waiting: the error is the cause
+            # a rank raised and left the others waiting: the error is the cause
+            kind = "harness" if any(s.harness for s in states) else "rank-error"
         errors = "".join(f"\n--- rank {r} raised:\n{s.error}" for r, s in enumerate(states) if s.error)
         placement = self.placement()
         # ranks blocked in collectives cannot be recovered: kill, restart on next use
@@ -265,6 +267,7 @@ def _apply(state: _RankState, msg):
         state.waiting = None
     elif kind == "error":
         state.finished, state.error = True, msg[1]
+        state.harness = len(msg) > 2 and bool(msg[2])
         state.waiting = None
 
 
@@ -394,8 +397,9 @@ def serve_jobs(conn, ctx: RankContext, send) -> None:
         try:
             value = job(ctx)
             send(("done", value, time.perf_counter() - t0))
-        except BaseException:
-            send(("error", f"{traceback.format_exc()}"))
+        except BaseException as e:
+            from dpep_parity.checks.targets.protocol import HarnessFault
+            send(("error", f"{traceback.format_exc()}", isinstance(e, HarnessFault)))
 
 
 # ---------------- which kind of world: local pools, or a torchrun world ----------------

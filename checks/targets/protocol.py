@@ -27,13 +27,22 @@ its kin return NaN-filled float tensors in the rank processes (checks.poison): a
 never wrote fails. A target that allocates outside torch's Python entry points should fill fresh buffers
 with NaN itself when the flag is set.
 
+Optional: `harness_modules: tuple[str, ...]`: module prefixes of the target's own glue around a system it
+drives (an adapter, not the system under test). An ImportError / AttributeError / NameError / TypeError whose
+innermost frame outside torch lies in one of them, or any `HarnessFault` the target raises, means the glue does
+not fit the system (a renamed function, a moved module): the example ends as a harness error (`HarnessFault`
+from `run_example`: replay exits 3, `dpep bisect` counts ERROR), never as a verdict on the system. Everything
+else a rank raises is the system's crash (the no-crash property).
+
 Optional: `known_failure(result, fixture, layer) -> str | None`: a diagnosed bug of the target (written up
 in docs/findings.md) that explains every failed check of this result; the suite reports it as an
 expected failure with that text instead of a new failure.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +124,41 @@ def to_cpu(v):
     if isinstance(v, dict):
         return {k: to_cpu(x) for k, x in v.items()}
     return v
+
+
+class HarnessFault(RuntimeError):
+    """The target's glue could not run the example (see `harness_modules`): no verdict on the system."""
+
+
+_GLUE_ERRORS = (ImportError, AttributeError, NameError, TypeError)
+
+
+def harness_fault(target: Any, exc: BaseException) -> bool:
+    """Whether `exc`, raised by the target's build or run, is its glue's fault (module doc, harness_modules)."""
+    if isinstance(exc, HarnessFault):
+        return True
+    names = getattr(target, "harness_modules", ())
+    if not names or not isinstance(exc, _GLUE_ERRORS):
+        return False
+    where = None
+    tb = exc.__traceback__
+    while tb is not None:                       # the innermost frame outside torch's own package
+        f = os.path.realpath(tb.tb_frame.f_code.co_filename)
+        if f"{os.sep}torch{os.sep}" not in f:
+            where = f
+        tb = tb.tb_next
+    return where is not None and any(where == p or where.startswith(p + os.sep) for p in _paths(tuple(names)))
+
+
+@functools.cache
+def _paths(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The files (a module) or folders (a package) of module names."""
+    out = []
+    for n in names:
+        m = importlib.import_module(own_module(n))
+        f = os.path.realpath(m.__file__)
+        out.append(os.path.dirname(f) if hasattr(m, "__path__") else f)
+    return tuple(out)
 
 
 def resolve(spec: str | Any) -> Any:

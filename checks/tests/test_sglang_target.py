@@ -49,7 +49,7 @@ def test_broken_sglang_steps_are_caught():
 
 F3_PROBE = """
 from dpep_parity.checks.targets.sglang import cpu_shims
-cpu_shims.install_torchvision_standin()
+cpu_shims.install_import_shims()
 import inspect
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch

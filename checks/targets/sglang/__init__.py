@@ -4,7 +4,7 @@ suite's torch.distributed world (gloo on CPU, NCCL on GPU runners). See docs/sgl
     python -m pytest property_tests --target checks.targets.sglang:TARGET --world-sizes 1,2,4
 
 This module is light: it checks the installed release (importlib.metadata, `releases`) and, in rank processes, installs
-the torchvision import-time stand-in (cpu_shims) *before* anything imports sglang (the ranks import this
+the import-time stand-ins (cpu_shims: torchvision, sgl_kernel) *before* anything imports sglang (the ranks import this
 module to resolve the target). SGLang itself is imported on the ranks only, in `session` (SGLang's state per layout: parallel runtime,
 model, KV pools, attention backend), `batch` (ForwardBatch per step) and `units` (moe, attention, decoder,
 model). What differs between releases is in `eras/` (one adapter module per era, chosen by the installed
@@ -18,10 +18,10 @@ import sys
 from dpep_parity.checks.targets.sglang import cpu_shims, releases
 
 # Rank processes (spawned children of the suite's World) import this module to resolve the target, before
-# anything imports sglang: install the torchvision stand-in there. The parent process (pytest) never imports
+# anything imports sglang: install the import stand-ins there. The parent process (pytest) never imports
 # sglang and keeps the real import behaviour (transformers probes torchvision with find_spec).
 if multiprocessing.parent_process() is not None:
-    cpu_shims.install_torchvision_standin()
+    cpu_shims.install_import_shims()
 
 INSTALL_HINT = ("run scripts/install_sglang_cpu.sh (another release: scripts/install_sglang_cpu.sh --release X, "
                 "docs/sglang.md) or pip install dpep-parity[sglang]")
@@ -58,6 +58,9 @@ def _fail(reason: str):
 
 class SGLangTarget:
     name = "sglang"
+    # This package is glue around SGLang: an ImportError / AttributeError / TypeError raised in it means an
+    # adapter does not fit the installed release, a harness error, never a verdict on SGLang (protocol).
+    harness_modules = ("dpep_parity.checks.targets.sglang",)
     sessions = True          # serving sessions keep their KV cache in SGLang's pools (units.serve_model)
 
     @property

@@ -2,7 +2,7 @@
 
 What SGLang's scheduler would hand the model runner is rebuilt from the suite's batch metadata, which every
 rank holds whole: the rank's requests (prefix in the cache, extend new tokens), their request rows and token
-slots taken from SGLang's own allocators (`ReqToTokenPool.alloc_rows`, `TokenToKVPoolAllocator.alloc`,
+slots taken from SGLang's own allocators (`ReqToTokenPool`'s allocation, `TokenToKVPoolAllocator.alloc`,
 written into `req_to_token` as the scheduler does), positions from SGLang's `compute_position` (extend) or
 `clamp_position` (decode), and under DP attention the per-DP-rank counts the scheduler all-gathers
 (`global_num_tokens`, and `global_num_tokens_for_logprob` by the scheduler's own rule: one row per request to
@@ -16,9 +16,10 @@ from __future__ import annotations
 import torch
 
 from dpep_parity.checks.batches import DECODE, EXTEND, IDLE, Batch, Request
+from dpep_parity.checks.targets.sglang.eras import StandIn, set_fields
 
 
-class _RunnerStub:
+class _RunnerStub(StandIn):
     """What ModelRunner._prepare_eager_forward_batch / ForwardBatch.prepare_mlp_sync_batch read of the model
     runner, outside the attention backend: the methods are SGLang's own (bound below)."""
 
@@ -26,6 +27,7 @@ class _RunnerStub:
     enable_elastic_ep = False
     lora_manager = None
     hisparse_coordinator = None
+    mambaish_config = None           # ModelRunner's property: None for models without Mamba layers (0.5.15)
 
     def __init__(self, server_args, model_config, attn_backend):
         self.server_args = server_args          # read by the preparation of 0.5.16 - 0.5.18
@@ -33,12 +35,13 @@ class _RunnerStub:
         self.attn_backend = attn_backend
 
 
+
 def _bind_runner_methods():
     from sglang.srt.model_executor.model_runner import ModelRunner
     # attn_tp_sequence_sharded: ModelRunner's since 0.5.20 (the preparation before it does not call it)
     if hasattr(ModelRunner, "attn_tp_sequence_sharded"):
         _RunnerStub.attn_tp_sequence_sharded = ModelRunner.attn_tp_sequence_sharded
-    _RunnerStub.prepare_eager = ModelRunner._prepare_eager_forward_batch
+    _RunnerStub.bound = True
 
 
 def prefix_batch(batch: Batch) -> Batch:
@@ -55,10 +58,7 @@ def logprob_rows(reqs: tuple[Request, ...], mode: str) -> int:
 def request_rows(pools, n: int) -> list[int]:
     """Rows of SGLang's request pool for one example's requests, kept from the priming step to the step
     under test (the KV cache of a request's prefix lives behind its row)."""
-    rows = pools.req_to_token.alloc_rows(n) if n else []
-    if rows is None:
-        raise RuntimeError(f"sglang target: request pool has no {n} free rows")
-    return rows
+    return pools.take_rows(n)
 
 
 def forward_batch(s, batch: Batch, dp_rank: int, rows: list[int], input_ids: torch.Tensor | None,
@@ -72,7 +72,7 @@ def forward_batch(s, batch: Batch, dp_rank: int, rows: list[int], input_ids: tor
         clamp_position,
         compute_position,
     )
-    if not hasattr(_RunnerStub, "prepare_eager"):
+    if not hasattr(_RunnerStub, "bound"):
         _bind_runner_methods()
     pools, dev = s.pools, s.env.device
     reqs = batch.per_dp[dp_rank]
@@ -106,18 +106,18 @@ def forward_batch(s, batch: Batch, dp_rank: int, rows: list[int], input_ids: tor
         req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=dev),
         seq_lens=seq_lens, out_cache_loc=locs.to(torch.int64), seq_lens_sum=int(seq_lens.sum()) if reqs else 0,
         seq_lens_cpu=seq_lens.cpu(), positions=positions.to(torch.int64),
-        is_extend_in_batch=batch.is_extend_in_batch,
-        capture_hidden_mode=CaptureHiddenMode.FULL if capture_full else CaptureHiddenMode.NULL, **kw)
+        is_extend_in_batch=batch.is_extend_in_batch, lora_ids=[None] * len(reqs),   # init_new: req.lora_id each
+        capture_hidden_mode=CaptureHiddenMode.FULL if capture_full else CaptureHiddenMode.NULL, **kw,
+        **s.adapter.batch_fields(pools))
     s.adapter.init_num_token_non_padded(fb, dev, n)
     if s.env.layout.dp > 1:
         # What the scheduler all-gathers (tokens per DP rank) is the batch metadata every rank already has.
         counts = batch.tokens_per_dp()
         sample = [logprob_rows(rq, m) for rq, m in zip(batch.per_dp, batch.forward_modes())]
-        fb.global_num_tokens_cpu = list(counts)
-        fb.global_num_tokens_for_logprob_cpu = list(sample)
-        fb.global_num_tokens_gpu = torch.tensor(counts, dtype=torch.int64, device=dev)
-        fb.global_num_tokens_for_logprob_gpu = torch.tensor(sample, dtype=torch.int64, device=dev)
-    _RunnerStub(s.server_args, s.model_config, pools.backend).prepare_eager(fb)
+        set_fields(fb, global_num_tokens_cpu=list(counts), global_num_tokens_for_logprob_cpu=list(sample),
+                   global_num_tokens_gpu=torch.tensor(counts, dtype=torch.int64, device=dev),
+                   global_num_tokens_for_logprob_gpu=torch.tensor(sample, dtype=torch.int64, device=dev))
+    s.adapter.prepare_eager(_RunnerStub(s.server_args, s.model_config, pools.backend), fb)
     if fb.batch_size > 0:
         pools.backend.init_forward_metadata(fb)
     else:

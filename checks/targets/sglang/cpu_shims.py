@@ -2,13 +2,14 @@
 logic under test (group maps, gathers, scatters, reductions, padding modes, expert placement): each shim
 replaces a device kernel or a device lookup that has no CPU path in sglang 0.5.23, and names the SGLang
 function it stands in for. `install(device)` applies them only for device == "cpu"; on CUDA SGLang runs
-unpatched. `install_torchvision_standin()` is import-time and runs before sglang is imported.
+unpatched. `install_import_shims()` is import-time and runs before sglang is imported.
 """
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import os
 import sys
 
@@ -17,32 +18,35 @@ _INSTALLED: dict[str, object] = {}
 
 # ---------------------------------------------------------------- import time
 class _Unavailable:
-    """Any torchvision attribute: resolvable at import time (module-level aliases, default arguments),
-    raising the moment it is used."""
+    """Any attribute of a stand-in package: resolvable at import time (module-level imports and aliases,
+    default arguments), raising a harness fault the moment it is used."""
 
-    def __init__(self, name: str):
-        self._name = name
+    def __init__(self, name: str, why: str):
+        self._name, self._why = name, why
 
     def __getattr__(self, item):
         if item.startswith("__"):
             raise AttributeError(item)
-        return _Unavailable(f"{self._name}.{item}")
+        return _Unavailable(f"{self._name}.{item}", self._why)
 
     def __call__(self, *a, **k):
-        raise RuntimeError(f"{self._name}: torchvision is a stand-in here (checks/targets/sglang/cpu_shims.py); "
-                           "the parity target never runs SGLang's multimodal code")
+        from dpep_parity.checks.targets.protocol import HarnessFault
+        raise HarnessFault(f"{self._name} was called, but its package is a stand-in here "
+                           f"(checks/targets/sglang/cpu_shims.py): {self._why}")
 
     def __repr__(self):
-        return f"<torchvision stand-in {self._name}>"
+        return f"<stand-in {self._name}>"
 
 
-class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Stands in for `torchvision` (imported unconditionally by sglang.srt.multimodal.internvl_utils via
-    sglang.srt.configs, on the import path of every model module). PyPI's torchvision needs CUDA torch and
-    fails to import beside the CPU torch ("operator torchvision::nms does not exist")."""
+class _StandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Stands in for a package SGLang imports at module level on the suite's import path but whose code the
+    target never runs (STAND_INS says which and why): every module and attribute resolves, any call raises."""
+
+    def __init__(self, package: str, why: str):
+        self.package, self.why = package, why
 
     def find_spec(self, fullname, path, target=None):
-        if fullname == "torchvision" or fullname.startswith("torchvision."):
+        if fullname == self.package or fullname.startswith(self.package + "."):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
@@ -58,24 +62,62 @@ class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def __getattr__(name, _m=module.__name__):
             if name.startswith("__"):
                 raise AttributeError(name)
-            return _Unavailable(f"{_m}.{name}")
+            return _Unavailable(f"{_m}.{name}", self.why)
         module.__getattr__ = __getattr__
 
 
-def install_torchvision_standin() -> bool:
-    """Install the stand-in unless a working torchvision is importable. Returns True if installed."""
-    if "torchvision" in _INSTALLED:
+STAND_INS = {
+    # imported unconditionally by sglang.srt.multimodal.internvl_utils via sglang.srt.configs, on the import
+    # path of every model module; PyPI's torchvision needs CUDA torch and fails to import beside the CPU torch
+    # ("operator torchvision::nms does not exist")
+    "torchvision": "the parity target never runs SGLang's multimodal code",
+    # SGLang's CUDA kernel package (a 535 MB CUDA-only wheel): sglang 0.5.10 / 0.5.10.post1 import its host KV
+    # cache transfer kernels at module level (mem_cache/memory_pool_host.py:47, on model_runner's import path)
+    "sgl_kernel": "the parity target runs no CUDA kernel (hierarchical KV cache transfer is never used)",
+}
+
+
+def install_import_shims() -> None:
+    """What must be in place before sglang is imported: the stand-ins of STAND_INS (each unless a working
+    package is importable), and transformers' AutoConfig.register tolerant of a model type transformers
+    already defines."""
+    for package in STAND_INS:
+        install_standin(package)
+    _config_reregistration()
+
+
+def _config_reregistration() -> None:
+    """sglang 0.5.16 - 0.5.19 register their own `qwen3_asr` configs with `AutoConfig.register(name, cls)` at
+    import time (configs/qwen3_asr.py:167), which transformers 5.19, defining `qwen3_asr` itself, refuses
+    ("already used by a Transformers config"). sglang 0.5.20 made the same call `exist_ok=True`; this applies
+    that release's own fix to older releases (their config replaces transformers' as in 0.5.20). Models the
+    suite runs are not multimodal: nothing else changes."""
+    if "config_register" in _INSTALLED:
+        return
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    original = AutoConfig.register
+
+    def register(model_type, config, exist_ok=False):
+        return original(model_type, config, exist_ok=exist_ok or model_type in CONFIG_MAPPING_NAMES)
+    AutoConfig.register = staticmethod(register)
+    _INSTALLED["config_register"] = original
+
+
+def install_standin(package: str) -> bool:
+    """Install the stand-in of `package` unless a working one is importable. Returns True if installed."""
+    if package in _INSTALLED:
         return True
-    if importlib.util.find_spec("torchvision") is not None:
+    if importlib.util.find_spec(package) is not None:
         try:
-            import torchvision  # noqa: F401
-            return False                    # a real, working torchvision (GPU runners)
+            importlib.import_module(package)
+            return False                    # a real, working package (GPU runners)
         except Exception:
-            for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
                 del sys.modules[name]
-    finder = _TorchvisionStandIn()
+    finder = _StandIn(package, STAND_INS[package])
     sys.meta_path.insert(0, finder)
-    _INSTALLED["torchvision"] = finder
+    _INSTALLED[package] = finder
     return True
 
 
@@ -161,10 +203,36 @@ def _forward_batch_unpinned():
     it copies global_num_tokens through pinned host memory unless SGLang runs its CPU engine
     (SGLANG_USE_CPU_ENGINE=1, which needs SGLang's CPU kernel build), and torch's CPU build has no pinned
     allocator. The module flag selects only the unpinned copy and the CPU graph seq-len fill value (both
-    plain host work); the padding mode, counts and buffer sizes it computes are untouched."""
+    plain host work); the padding mode, counts and buffer sizes it computes are untouched. Before 0.5.19 the
+    copy is pinned unconditionally (`torch.tensor(global_num_tokens, pin_memory=True)`): the module sees a
+    torch whose `tensor` makes that host tensor unpinned, the one difference."""
     from sglang.srt.model_executor import forward_batch_info
     forward_batch_info._is_cpu = True
-    return "forward_batch_info._is_cpu"
+    if "use_pin_memory" in inspect.getsource(forward_batch_info.ForwardBatch.prepare_mlp_sync_batch):
+        return "forward_batch_info._is_cpu"
+    forward_batch_info.torch = _CpuTorch(forward_batch_info.torch)
+    return "forward_batch_info._is_cpu, torch.tensor(pin_memory=True) unpinned (before 0.5.19)"
+
+
+class _CpuTorch:
+    """The torch module as one SGLang module sees it on a CPU-only host: a tensor it asks on device "cuda"
+    is made on the CPU, and `pin_memory=True` makes an unpinned host tensor (no pinned allocator); every
+    other attribute is torch's. Installed only in modules that hard-code those (the shims that use it say
+    where)."""
+
+    def __init__(self, torch):
+        self._torch = torch
+
+    def __getattr__(self, name):
+        attr = getattr(self._torch, name)
+        if name in ("tensor", "full", "arange", "zeros", "ones", "empty"):
+            def make(*args, **kwargs):
+                kwargs.pop("pin_memory", None)
+                if str(kwargs.get("device", "")).startswith("cuda"):
+                    kwargs["device"] = "cpu"
+                return attr(*args, **kwargs)
+            return make
+        return attr
 
 
 def _dp_attention_cpu_copy():
@@ -173,8 +241,27 @@ def _dp_attention_cpu_copy():
     is False, and Triton has no CPU driver. The same module's `memcpy_cpu` is the copy SGLang itself uses on
     CPU (same offsets and sizes): select it. Offsets, sizes and the collectives around it are untouched."""
     from sglang.srt.layers import dp_attention
-    dp_attention.memcpy_func = dp_attention.memcpy_cpu
-    return "dp_attention.memcpy_func = memcpy_cpu"
+    if hasattr(dp_attention, "memcpy_cpu"):            # 0.5.19+
+        dp_attention.memcpy_func = dp_attention.memcpy_cpu
+        return "dp_attention.memcpy_func = memcpy_cpu"
+    # Before 0.5.19 dp_attention calls memcpy_triton itself and has no CPU copy: the kernel's own contract
+    # on the CPU (offset and size as tensors or ints, in rows of dim 0, exactly `sz` rows copied).
+    _memcpy_rows.__wrapped__ = dp_attention.memcpy_triton
+    dp_attention.memcpy_triton = _memcpy_rows
+    return "dp_attention.memcpy_triton -> its contract in torch (no CPU copy before 0.5.19)"
+
+
+def _memcpy_rows(dst, src, dim, offset, sz, offset_src):
+    """memcpy_triton_kernel's contract (dp_attention.py, 0.5.10 - 0.5.18): `sz` rows from src[offset:] to
+    dst[0:] (offset_src) or from src[0:] to dst[offset:]. A copy outside either buffer, an illegal memory
+    access for the kernel, raises here."""
+    assert dim == 0, "dim != 0 unsupported"
+    assert src.shape[1:] == dst.shape[1:], "src and dst must have same shape"
+    offset, sz = int(offset), int(sz)
+    s0, d0 = (offset, 0) if offset_src else (0, offset)
+    if s0 + sz > src.shape[0] or d0 + sz > dst.shape[0]:
+        raise IndexError(f"memcpy_triton: {sz} rows from row {s0} of {src.shape[0]} to row {d0} of {dst.shape[0]}")
+    dst[d0: d0 + sz].copy_(src[s0: s0 + sz])
 
 
 def _dispatcher_device():
@@ -183,6 +270,11 @@ def _dispatcher_device():
     get_device() knows accelerators only and raises on a CPU host. Answer "cpu" there; the table's
     contents (which global expert maps to which local slot, -1 for non-local ones) are SGLang's."""
     from sglang.srt.layers.moe.token_dispatcher import standard
+    if not hasattr(standard, "get_device"):
+        # before 0.5.10 the table is made on the literal device "cuda" (standard.py:149-156): the module's
+        # torch places on the CPU what it asks on "cuda"
+        standard.torch = _CpuTorch(standard.torch)
+        return "token_dispatcher.standard: device='cuda' tables on the CPU (before 0.5.10)"
     original = standard.get_device
 
     def get_device(device_id=None):
@@ -276,10 +368,23 @@ def _coordinator_cpu_collectives():
     / reg_reduce_scatter_tensor, which are registered for CUDA only; SGLang's CPU branch calls the methods
     those ops wrap (the same coordinator's _all_gather_into_tensor / _reduce_scatter_tensor, i.e.
     torch.distributed over its device group). The flag's only other reader is the CUDA cache flush at
-    shutdown."""
+    shutdown. Before 0.5.19 those methods have no CPU branch: the custom ops' own bodies (look the group up,
+    call the method it wraps) replace the ops in parallel_state's namespace, the CPU registration they lack."""
     from sglang.srt.distributed import parallel_state
     parallel_state._is_cpu = True
-    return "parallel_state._is_cpu"
+    if "_is_cpu" in inspect.getsource(parallel_state.GroupCoordinator.all_gather_into_tensor):
+        return "parallel_state._is_cpu"
+    groups = parallel_state._groups
+
+    def reg_all_gather_into_tensor(output, input, group_name):
+        groups[group_name]()._all_gather_into_tensor(output, input)
+
+    def reg_reduce_scatter_tensor(output, input, group_name):
+        groups[group_name]()._reduce_scatter_tensor(output, input)
+    for fn in (reg_all_gather_into_tensor, reg_reduce_scatter_tensor):
+        fn.__wrapped__ = getattr(parallel_state, fn.__name__)
+        setattr(parallel_state, fn.__name__, fn)
+    return "parallel_state._is_cpu, reg_all_gather_into_tensor / reg_reduce_scatter_tensor bodies (before 0.5.19)"
 
 
 def _shared_expert_gate_torch():
@@ -302,11 +407,14 @@ def _shared_expert_gate_torch():
     def fused_gate_sigmoid_mul(hidden_states, gate_weight, shared_output):
         return _gated(hidden_states, gate_weight, shared_output).to(shared_output.dtype)
 
-    fused_gate_sigmoid_mul_add.__wrapped__ = qwen2_moe.fused_gate_sigmoid_mul_add
-    fused_gate_sigmoid_mul.__wrapped__ = qwen2_moe.fused_gate_sigmoid_mul
-    qwen2_moe.fused_gate_sigmoid_mul_add = fused_gate_sigmoid_mul_add
-    qwen2_moe.fused_gate_sigmoid_mul = fused_gate_sigmoid_mul
-    return "qwen2_moe.fused_gate_sigmoid_mul(_add): torch, fp32 like the kernel"
+    # fused_gate_sigmoid_mul is imported by qwen2_moe since 0.5.19; fused_gate_sigmoid_mul_add by every release
+    patched = []
+    for fn in (fused_gate_sigmoid_mul_add, fused_gate_sigmoid_mul):
+        if hasattr(qwen2_moe, fn.__name__):
+            fn.__wrapped__ = getattr(qwen2_moe, fn.__name__)
+            setattr(qwen2_moe, fn.__name__, fn)
+            patched.append(fn.__name__)
+    return f"qwen2_moe.{'/'.join(patched)}: torch, fp32 like the kernel"
 
 
 def _rotary_cpu_platform():
@@ -315,9 +423,13 @@ def _rotary_cpu_platform():
     kernel (`vllm._custom_ops.rotary_embedding`) that no CPU build has. The flag is read only there; with it
     the module keeps SGLang's torch path (the cos / sin cache it computes, applied with torch ops).
     Positions, the cache and the rotation itself stay SGLang's."""
-    from sglang.srt.layers.rotary_embedding import base
+    import importlib
+    try:                                                 # a package since 0.5.10
+        base = importlib.import_module("sglang.srt.layers.rotary_embedding.base")
+    except ModuleNotFoundError:
+        base = importlib.import_module("sglang.srt.layers.rotary_embedding")
     base._is_cpu = True
-    return "rotary_embedding.base._is_cpu"
+    return f"{base.__name__}._is_cpu"
 
 
 _SHIMS: list = [

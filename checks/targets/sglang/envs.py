@@ -33,7 +33,7 @@ from dpep_parity.checks.targets.sglang import releases
 
 MARKER = "dpep-sglang-env.json"
 # What the import probe loads: every sglang module the target's session, batch and units import first.
-PROBE = ("from dpep_parity.checks.targets.sglang import cpu_shims; cpu_shims.install_torchvision_standin(); "
+PROBE = ("from dpep_parity.checks.targets.sglang import cpu_shims; cpu_shims.install_import_shims(); "
          "import sglang.srt.server_args, sglang.srt.model_executor.model_runner, sglang.srt.models.qwen3_moe, "
          "sglang.srt.models.qwen2_moe, sglang.srt.layers.attention.torch_native_backend; "
          "from importlib import metadata; print(metadata.version('sglang'))")

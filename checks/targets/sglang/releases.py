@@ -48,22 +48,42 @@ _COMMUNICATOR = ("communicator era (srt/layers/communicator.py, distributed/boot
 _PRE_BOOTSTRAP = ("pre-bootstrap era (no srt/distributed/bootstrap.py: parallel state from ModelRunner's own "
                   "init_torch_distributed): no adapter yet (docs/sglang.md, 'Releases')")
 
+_VLLM_NORM = ("on a CPU without AMX, sglang <= 0.5.7 replaces its own RMSNorm with vLLM's at import "
+              "(layers/layernorm.py: `from vllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm`), "
+              "and vLLM has no CPU build that installs beside torch 2.13 here: the model's norms would not be "
+              "SGLang's (0.5.8 dropped the fallback)")
+
 _TABLE = [
     # version, date, era or None, why not
-    ("0.5.10", "2026-04-05", None, _PRE_BOOTSTRAP),
-    ("0.5.10.post1", "2026-04-08", None, _PRE_BOOTSTRAP),
-    ("0.5.11", "2026-05-07", None, _PRE_BOOTSTRAP),
-    ("0.5.12", "2026-05-16", None, _PRE_BOOTSTRAP),
-    ("0.5.12.post1", "2026-05-23", None, _PRE_BOOTSTRAP),
-    ("0.5.13", "2026-06-11", None, _PRE_BOOTSTRAP),
-    ("0.5.13.post1", "2026-06-15", None, _PRE_BOOTSTRAP),
-    ("0.5.14", "2026-06-26", None, _PRE_BOOTSTRAP),
-    ("0.5.15", "2026-07-10", None, _PRE_BOOTSTRAP),
-    ("0.5.15.post1", "2026-07-14", None, _PRE_BOOTSTRAP),
-    ("0.5.16", "2026-07-25", None, _COMMUNICATOR),
-    ("0.5.17", "2026-08-08", None, _PRE_BOOTSTRAP),
-    ("0.5.18", "2026-08-21", None, _COMMUNICATOR),
-    ("0.5.19", "2026-09-04", None, _COMMUNICATOR),
+    ("0.5.1", "2025-08-23", None, _VLLM_NORM),
+    ("0.5.1.post3", "2025-08-27", None, _VLLM_NORM),
+    ("0.5.2", "2025-09-11", None, _VLLM_NORM),
+    ("0.5.3", "2025-10-06", None, _VLLM_NORM),
+    ("0.5.3.post3", "2025-10-16", None, _VLLM_NORM),
+    ("0.5.4", "2025-10-24", None, _VLLM_NORM),
+    ("0.5.4.post3", "2025-11-05", None, _VLLM_NORM),
+    ("0.5.5", "2025-11-06", None, _VLLM_NORM),
+    ("0.5.5.post3", "2025-11-17", None, _VLLM_NORM),
+    ("0.5.6", "2025-12-03", None, _VLLM_NORM),
+    ("0.5.6.post2", "2025-12-11", None, _VLLM_NORM),
+    ("0.5.7", "2026-01-01", None, _VLLM_NORM),
+    ("0.5.8", "2026-01-23", "pre_bootstrap", ""),
+    ("0.5.8.post1", "2026-02-05", "pre_bootstrap", ""),
+    ("0.5.9", "2026-02-23", "pre_bootstrap", ""),
+    ("0.5.10", "2026-04-05", "pre_bootstrap", ""),
+    ("0.5.10.post1", "2026-04-08", "pre_bootstrap", ""),
+    ("0.5.11", "2026-05-07", "pre_bootstrap", ""),
+    ("0.5.12", "2026-05-16", "pre_bootstrap", ""),
+    ("0.5.12.post1", "2026-05-23", "pre_bootstrap", ""),
+    ("0.5.13", "2026-06-11", "pre_bootstrap", ""),
+    ("0.5.13.post1", "2026-06-15", "pre_bootstrap", ""),
+    ("0.5.14", "2026-06-26", "pre_bootstrap", ""),
+    ("0.5.15", "2026-07-10", "pre_bootstrap", ""),
+    ("0.5.15.post1", "2026-07-14", "pre_bootstrap", ""),
+    ("0.5.16", "2026-07-25", "communicator", ""),
+    ("0.5.17", "2026-08-08", "communicator", ""),
+    ("0.5.18", "2026-08-21", "communicator", ""),
+    ("0.5.19", "2026-09-04", "communicator", ""),
     ("0.5.20", "2026-09-18", "communicator", ""),
     ("0.5.21", "2026-10-01", "layer_boundary", ""),
     ("0.5.22", "2026-10-15", "layer_boundary", ""),

@@ -59,8 +59,8 @@ class Pools:
     example: allocators cleared and the K/V buffers poisoned with NaN, so a read of a slot this example did
     not write shows up as NaN in the output instead of passing on stale values."""
 
-    def __init__(self, model, dtype: torch.dtype, device: torch.device):
-        self.model, self.dtype, self.device = model, dtype, device
+    def __init__(self, model, dtype: torch.dtype, device: torch.device, adapter):
+        self.model, self.dtype, self.device, self.adapter = model, dtype, device, adapter
         self.tokens = self.rows = self.context = 0
         self.req_to_token = self.kv = self.allocator = self.backend = None
 
@@ -68,8 +68,8 @@ class Pools:
         if tokens <= self.tokens and rows <= self.rows and context <= self.context:
             return
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+        TokenToKVPoolAllocator = self.adapter.token_allocator_class()
         self.tokens, self.rows, self.context = (max(2 * tokens, 1024, self.tokens), max(2 * rows, 16, self.rows),
                                                 max(2 * context, 256, self.context))
         attn = self.model.model.layers[0].self_attn.attn            # RadixAttention: this rank's head counts
@@ -81,6 +81,18 @@ class Pools:
                                    enable_memory_saver=False, v_head_dim=attn.v_head_dim)
         self.allocator = TokenToKVPoolAllocator(self.tokens, self.dtype, dev, self.kv, need_sort=False)
         self.backend = TorchNativeAttnBackend(_PoolOwner(dev, self.req_to_token, self.kv))
+
+    def take_rows(self, n: int) -> list[int]:
+        """n request rows from SGLang's request pool (its own allocation, as the installed release does it)."""
+        rows = self.adapter.alloc_rows(self.req_to_token, n) if n else []
+        if rows is None:
+            raise RuntimeError(f"sglang target: request pool has no {n} free rows")
+        return rows
+
+    def release(self, row: int, tokens: int) -> None:
+        """A request's token slots and its row back to SGLang's allocators."""
+        self.allocator.free(self.req_to_token.req_to_token[row, :tokens].to(torch.int64))
+        self.adapter.free_rows(self.req_to_token, [row])
 
     def reset(self) -> None:
         self.allocator.clear()
@@ -161,7 +173,7 @@ def _setup(s: Session):
     cpu_shims.set_cpu_thread_binding(lay.tp)
     _quiet_sglang()
     t0 = time.perf_counter()
-    cpu_shims.install_torchvision_standin()   # no-op when the target module installed it already
+    cpu_shims.install_import_shims()   # no-op when the target module installed it already
     import sglang.srt.server_args  # noqa: F401  (the import cost is measured here, not in setup)
     cpu_shims.install(dev.type)
     STATS["import"].append(time.perf_counter() - t0)
@@ -176,12 +188,12 @@ def _setup(s: Session):
     STATS["setup"].append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()
-    s.model = _build_model(env, s.model_config)
-    s.pools = Pools(s.model, env.dtype, dev)
+    s.model = _build_model(env, s.model_config, s.adapter)
+    s.pools = Pools(s.model, env.dtype, dev, s.adapter)
     STATS["load"].append(time.perf_counter() - t0)
 
 
-def _build_model(env: BuildEnv, model_config) -> torch.nn.Module:
+def _build_model(env: BuildEnv, model_config, adapter) -> torch.nn.Module:
     """The whole model as SGLang's loader builds it (`_initialize_model`: the architecture's class from the
     config, under the resolved shared-experts config, with its stage-producer check), loaded from the fixture's
     tensors by the model class's own `load_weights` (stacked qkv / gate_up mappings, FusedMoE expert mapping,
@@ -191,6 +203,6 @@ def _build_model(env: BuildEnv, model_config) -> torch.nn.Module:
     from sglang.srt.model_loader.utils import set_default_torch_dtype
     dev = env.device
     with set_default_torch_dtype(env.dtype), torch.device(dev):
-        model = _initialize_model(model_config, LoadConfig(load_format="dummy"), None)
+        model = adapter.initialize_model(_initialize_model, model_config, LoadConfig(load_format="dummy"))
     DefaultModelLoader.load_weights_and_postprocess(model, iter(env.weights.items()), torch.device(dev))
     return model.eval()

@@ -185,8 +185,7 @@ def serve_model(s, env: BuildEnv, step: Step) -> dict:
     for rid in sv.released:
         row = st.rows.pop(rid, None)
         if row is not None:
-            pools.allocator.free(pools.req_to_token.req_to_token[row, : st.tokens.pop(rid)].to(torch.int64))
-            pools.req_to_token.free_rows([row])
+            pools.release(row, st.tokens.pop(rid))
     for r, rid in zip(step.requests, sv.ids):
         if rid not in st.rows:
             if r.prefix:

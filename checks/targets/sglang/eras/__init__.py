@@ -32,6 +32,33 @@ class Adapter:
     def init_num_token_non_padded(self, fb, device, n: int) -> None:
         raise NotImplementedError
 
+    def prepare_eager(self, runner, fb) -> None:
+        """What the model runner does to a batch before an eager forward (DP padding, gathered-buffer sizes,
+        num_token_non_padded), with `runner` standing in for the ModelRunner."""
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        ModelRunner._prepare_eager_forward_batch(runner, fb)
+
+    def initialize_model(self, initialize, model_config, load_config):
+        """SGLang's loader `_initialize_model` (passed in) on the model config."""
+        return initialize(model_config, load_config, None)
+
+    def batch_fields(self, pools) -> dict:
+        """ForwardBatch fields ForwardBatch.init_new takes from the model runner in this release, beyond
+        the batch's own (none since 0.5.13: the forward context carries the backend)."""
+        return {}
+
+    def token_allocator_class(self):
+        """SGLang's TokenToKVPoolAllocator (page size 1)."""
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+        return TokenToKVPoolAllocator
+
+    def alloc_rows(self, pool, n: int) -> list[int] | None:
+        """n rows of SGLang's ReqToTokenPool, None when it has not that many free."""
+        return pool.alloc_rows(n)
+
+    def free_rows(self, pool, rows: list[int]) -> None:
+        pool.free_rows(rows)
+
     def running(self, s, fb):
         """Context manager: the scope the model runner opens around a forward."""
         raise NotImplementedError
@@ -44,6 +71,41 @@ class Adapter:
 
     def decoder(self, s, layer, fb, x):
         raise NotImplementedError
+
+
+class StandIn:
+    """A stand-in for an SGLang object the harness does not build whole (a model runner, a request): a
+    read of an attribute it lacks is the harness's gap, not SGLang's bug (StandInGap)."""
+
+    def __getattr__(self, name):
+        raise StandInGap(f"{type(self).__qualname__} (sglang target) has no {name!r}: this release reads it")
+
+
+def _standin_gap():
+    from dpep_parity.checks.targets.protocol import HarnessFault
+
+    class StandInGap(HarnessFault, AttributeError):
+        """An AttributeError (hasattr / getattr with a default still see a missing attribute) and a harness
+        fault."""
+    return StandInGap
+
+
+StandInGap = _standin_gap()
+
+
+def set_fields(fb, **values) -> None:
+    """Set ForwardBatch fields, each one the installed release declares (a field SGLang renamed would be set
+    on the side and never read: a harness fault, not a silent no-op)."""
+    import dataclasses
+
+    from dpep_parity.checks.targets.protocol import HarnessFault
+    declared = {f.name for f in dataclasses.fields(type(fb))}
+    missing = sorted(set(values) - declared)
+    if missing:
+        raise HarnessFault(f"ForwardBatch of this sglang release has no field {missing}: the era adapter is "
+                           "written for another release")
+    for k, v in values.items():
+        setattr(fb, k, v)
 
 
 @cache

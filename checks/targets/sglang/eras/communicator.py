@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from dpep_parity.checks.targets.sglang.eras import StandIn, set_fields
 from dpep_parity.checks.targets.sglang.eras.layer_boundary import Release022
 
 
@@ -53,8 +54,8 @@ class Release020(Release022):
         """ForwardBatch.init_new (forward_batch_info.py:893-900) sets the global count, as here."""
         from sglang.srt.model_executor.forward_batch_info import enable_num_token_non_padded
         if enable_num_token_non_padded():
-            fb.global_num_token_non_padded = torch.tensor(n, dtype=torch.int32, device=device)
-        fb.global_num_token_non_padded_cpu = n
+            set_fields(fb, global_num_token_non_padded=torch.tensor(n, dtype=torch.int32, device=device))
+        set_fields(fb, global_num_token_non_padded_cpu=n)
 
     def dp_slot(self, counts: list[int]) -> int:
         """prepare_mlp_sync_batch places this rank's rows at its attention-DP rank (no dp_slot_in)."""
@@ -112,4 +113,64 @@ class _Sink(list):
         self._sink(v)
 
 
-ADAPTERS = {"0.5.20": Release020}
+class Release019(Release020):
+    """sglang 0.5.19: what 0.5.20 changed, undone."""
+
+    def init_num_token_non_padded(self, fb, device, n: int) -> None:
+        """The count's fields are num_token_non_padded(_cpu) before 0.5.20 (init_new,
+        forward_batch_info.py:857-863)."""
+        from sglang.srt.model_executor.forward_batch_info import enable_num_token_non_padded
+        if self._enabled(enable_num_token_non_padded):
+            set_fields(fb, num_token_non_padded=torch.tensor(n, dtype=torch.int32, device=device))
+        set_fields(fb, num_token_non_padded_cpu=n)
+
+    def _enabled(self, enable_num_token_non_padded) -> bool:
+        return enable_num_token_non_padded()
+
+
+class Release018(Release019):
+    """sglang 0.5.18: what 0.5.19 changed, undone."""
+
+    def alloc_rows(self, pool, n: int) -> list[int] | None:
+        """No ReqToTokenPool.alloc_rows before 0.5.19: its `alloc(reqs)` binds rows to requests (only their
+        req_pool_idx is read for a request without one)."""
+        return pool.alloc([_RowHolder() for _ in range(n)])
+
+    def free_rows(self, pool, rows: list[int]) -> None:
+        for row in rows:
+            pool.free(_RowHolder(row))
+
+
+class _RowHolder(StandIn):
+    """A request as ReqToTokenPool.alloc / free read it before 0.5.19: the row it holds, or None; a fresh
+    request, neither chunked nor a diffusion LM's (0.5.9's alloc asks)."""
+
+    is_chunked = 0
+    kv_committed_len = 0
+
+    def __init__(self, row: int | None = None):
+        self.req_pool_idx = row
+
+    def is_dllm(self) -> bool:
+        return False
+
+
+class Release017(Release018):
+    """sglang 0.5.17."""
+
+
+class Release016(Release017):
+    """sglang 0.5.16: what 0.5.17 changed, undone."""
+
+    @staticmethod
+    def _publish(server_args) -> None:
+        """No runtime_context.publish yet: ModelRunner.__init__ publishes the arguments through
+        set_global_server_args_for_scheduler (model_runner.py:311), i.e. get_context().set_server_args."""
+        from sglang.srt.runtime_context import reset_context
+        from sglang.srt.server_args import set_global_server_args_for_scheduler
+        reset_context()
+        set_global_server_args_for_scheduler(server_args)
+
+
+ADAPTERS = {"0.5.20": Release020, "0.5.19": Release019, "0.5.18": Release018, "0.5.17": Release017,
+            "0.5.16": Release016}

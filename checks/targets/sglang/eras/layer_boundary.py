@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import torch
 
-from dpep_parity.checks.targets.sglang.eras import Adapter
+from dpep_parity.checks.targets.sglang.eras import Adapter, set_fields
 
 
 class Release023(Adapter):
@@ -117,8 +117,8 @@ class Release022(Release023):
         (forward_batch_info.py:1135-1142), as here."""
         from sglang.srt.model_executor.forward_batch_info import enable_num_token_non_padded
         if enable_num_token_non_padded():
-            fb.global_num_token_non_padded = torch.tensor(n, dtype=torch.int32, device=device)
-        fb.global_num_token_non_padded_cpu = n
+            set_fields(fb, global_num_token_non_padded=torch.tensor(n, dtype=torch.int32, device=device))
+        set_fields(fb, global_num_token_non_padded_cpu=n)
 
     @contextmanager
     def running(self, s, fb):
