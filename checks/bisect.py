@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -130,10 +131,14 @@ def run_release(query: Query, version: str, timeout: float, log, env: dict | Non
         rc, out = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         rc, out = 124, f"timed out after {timeout:.0f} s\n{(e.stdout or b'')[-2000:]!r}"
+    from dpep_parity.checks.killtable import PROPERTIES
     lines = [ln for ln in out.strip().splitlines() if ln.strip()]
-    evidence = next((ln for ln in lines if ln.startswith("[")), lines[-1] if lines else "")
+    # the failed properties, as a replay's report names them ("[parity] ...", "[no-crash] ...")
+    tagged = [(m.group(1), ln) for ln in lines if (m := re.match(r"\[([a-z-]+)\] ", ln)) and m.group(1) in PROPERTIES]
+    failed = sorted({p for p, _ in tagged})
+    evidence = tagged[0][1] if tagged else (lines[-1] if lines else "")
     return {"verdict": _verdict_of(rc), "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
-            "evidence": evidence[:300]}
+            "evidence": evidence[:300], "failed": failed}
 
 
 def bisect(query: Query, rels: list[releases.Release], state: State, timeout: float, log=print) -> dict:

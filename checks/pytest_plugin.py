@@ -33,7 +33,7 @@ def pytest_addoption(parser):
                 help="comma-separated world sizes (ranks) to draw layouts from, e.g. 1,2,4,8")
     g.addoption("--dtypes", default=os.environ.get("DPEP_DTYPES", "float32,bfloat16"))
     g.addoption("--models", default=os.environ.get("DPEP_MODELS", ""),
-                help="fixture models to draw from (default: all; see dpep fixtures list)")
+                help="fixture models to draw from (default: every fixture of the default suite; see dpep fixtures list)")
     g.addoption("--device", default=os.environ.get("DPEP_DEVICE", "cpu"), choices=("cpu", "cuda", "auto"))
     g.addoption("--deadline", type=float, default=float(os.environ.get("DPEP_DEADLINE", "60")),
                 help="seconds an example may take before its world is diagnosed and killed")

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dpep_parity.checks.batches import DTYPES
 from dpep_parity.checks.topology import Layout, layout_violations, valid_layouts
-from dpep_parity.fixtures.specs import FIXTURES, fixture_config
+from dpep_parity.fixtures.specs import DEFAULT_SUITE, FIXTURES, fixture_config
 
 
 def problems(target: str, world_sizes: str, dtypes: str, models: str, deadline: float) -> list[str]:
     out: list[str] = []
-    fixtures = [f for f in models.split(",") if f] or list(FIXTURES)
+    fixtures = [f for f in models.split(",") if f] or list(DEFAULT_SUITE)
     unknown = [f for f in fixtures if f not in FIXTURES]
     if unknown:
         out.append(f"--models: unknown fixtures {unknown}; known: {sorted(FIXTURES)} (python -m fixtures list)")

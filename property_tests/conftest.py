@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dpep_parity.fixtures.specs import FIXTURES
+from dpep_parity.fixtures.specs import DEFAULT_SUITE, FIXTURES
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class SuiteOptions:
 
 @pytest.fixture(scope="session")
 def suite(pytestconfig) -> SuiteOptions:
-    fx = tuple(f for f in pytestconfig.getoption("--models").split(",") if f) or tuple(FIXTURES)
+    fx = tuple(f for f in pytestconfig.getoption("--models").split(",") if f) or DEFAULT_SUITE
     unknown = [f for f in fx if f not in FIXTURES]
     if unknown:
         raise pytest.UsageError(f"unknown fixtures {unknown}; known: {sorted(FIXTURES)}")

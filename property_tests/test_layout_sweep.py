@@ -19,10 +19,10 @@ from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.targets.protocol import UNITS, known_failure, resolve
 from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
-from dpep_parity.fixtures.specs import FIXTURES
+from dpep_parity.fixtures.specs import DEFAULT_SUITE
 from dpep_parity.property_tests.strategies import Example, layouts_for
 
-CASES = [(f, lay) for f in sorted(FIXTURES) for lay in layouts_for(f, (1, 2, 4))]
+CASES = [(f, lay) for f in sorted(DEFAULT_SUITE) for lay in layouts_for(f, (1, 2, 4))]
 
 
 def extend_step(dp: int) -> Batch:

@@ -140,3 +140,58 @@ def test_an_exhibit_that_is_not_caught_must_say_why():
         museum.Exhibit("X", "t", ("#1",), "m", "crash", ("0.5.21",), None, "e", museum.MISS)
     with pytest.raises(AssertionError, match="has a query"):
         museum.Exhibit("X", "t", ("#1",), "m", "crash", ("0.5.21",), None, "e", museum.CAUGHT)
+
+
+def test_a_release_run_names_the_failed_properties_and_ignores_other_bracketed_lines(monkeypatch):
+    out = ("[transformers] `BaseImageProcessorFast` is deprecated.\n"
+           "[routing] rank 0: layer 1 ... not near a tie\n[parity] 3 of 3 rows beyond the bound\nFAIL\n")
+    monkeypatch.setattr(envs, "python_for", lambda v: "python")
+    monkeypatch.setattr(bisect.subprocess, "run",
+                        lambda *a, **k: type("P", (), {"returncode": 1, "stdout": out, "stderr": ""})())
+    got = bisect.run_release(bisect.Query("pytest", ("x",)), "0.5.23", 1.0, log=lambda m: None)
+    assert got["verdict"] == "FAIL" and got["failed"] == ["parity", "routing"]
+    assert got["evidence"].startswith("[routing]")
+
+
+def test_an_exhibit_counts_only_its_own_property_failing_and_plans_its_clean_release():
+    ex = museum.EXHIBITS["M23734"]
+    assert museum.as_recorded(ex, "FAIL", {"verdict": "FAIL", "failed": ["parity", "dispatch"]})
+    assert not museum.as_recorded(ex, "FAIL", {"verdict": "FAIL", "failed": ["dispatch"]})   # another bug
+    assert not museum.as_recorded(ex, "FAIL", {"verdict": "ERROR", "failed": []})            # harness error
+    assert museum.as_recorded(ex, "PASS", {"verdict": "PASS", "failed": []})
+    assert museum.plan(ex) == [("0.5.9", "PASS"), ("0.5.10", "FAIL"), ("0.5.10.post1", "FAIL"), ("0.5.11", "PASS")]
+
+
+def test_every_fixed_exhibit_names_reachable_releases_on_both_sides():
+    """The acceptance of docs/museum.md: a caught exhibit with a fix is checked failing where it shipped and
+    passing where it was fixed, both inside the releases the target runs."""
+    reach = {r.version for r in releases.supported()}
+    fixed = [e for e in museum.EXHIBITS.values() if e.status == museum.CAUGHT and e.fixed]
+    assert len(fixed) >= 6
+    for e in fixed:
+        assert e.fixed in reach and any(v in reach for v in e.shipped), e.id
+
+
+def _result(layout: str, batch: str, *checks):
+    from dpep_parity.checks.batches import parse_batch
+    from dpep_parity.checks.parity import Check, ParityResult
+    from dpep_parity.checks.topology import Layout
+    res = ParityResult("moe", Layout.parse(layout), parse_batch(batch), "float32")
+    res.checks = [Check(p, False, m) for p, m in checks]
+    return res
+
+
+def test_a_museum_bug_explains_its_own_signature_on_the_releases_that_shipped_it_only():
+    crash = ("no-crash", "File parallel_state.py ... assert len(sizes) == self.world_size\nAssertionError")
+    doubled = ("parity", "2 of 2 rows beyond the bound; |sut|/|truth| = 2.0000")
+    decode = "dp0:4+1 dp1:3+1 seed=5"
+    assert museum.explaining(_result("tp4-dp2-ep2", decode, crash), "qwen3-moe", "0.5.12").id == "M32663"
+    assert museum.explaining(_result("tp2-dp2-ep2", decode, doubled), "qwen3-moe", "0.5.10").id == "M23734"
+    # negative controls: another release, another layout, another check, another padding mode, another model
+    assert museum.explaining(_result("tp4-dp2-ep2", decode, crash), "qwen3-moe", "0.5.17") is None
+    assert museum.explaining(_result("tp2-dp2-ep2", decode, crash), "qwen3-moe", "0.5.12") is None
+    assert museum.explaining(_result("tp4-dp2-ep2", decode, crash, doubled), "qwen3-moe", "0.5.12") is None
+    assert museum.explaining(_result("tp2-dp2-ep2", "dp0:0+3 dp1:0+2 seed=5", doubled), "qwen3-moe",
+                             "0.5.10") is None                                   # SUM_LEN: no reduce-scatter
+    assert museum.explaining(_result("tp2-dp2-ep2", decode, doubled), "qwen2-moe-shared", "0.5.10") is None
+    assert museum.explaining(_result("tp2-dp2-ep2", decode, ("no-crash", "x")), "qwen3-moe", "0.5.10") is None

@@ -57,7 +57,13 @@ def _fail(reason: str):
 
 
 class SGLangTarget:
-    name = "sglang"
+    """SGLang's model on the suite's worlds; `placement`: a static expert placement of session.PLACEMENTS
+    given to SGLang as --init-expert-location (None: its trivial placement)."""
+
+    def __init__(self, placement: str | None = None):
+        self.placement = placement
+        self.name = "sglang" if placement is None else f"sglang-{placement}-experts"
+
     # This package is glue around SGLang: an ImportError / AttributeError / TypeError raised in it means an
     # adapter does not fit the installed release, a harness error, never a verdict on SGLang (protocol).
     harness_modules = ("dpep_parity.checks.targets.sglang",)
@@ -93,7 +99,7 @@ class SGLangTarget:
         if reason:
             raise RuntimeError(reason)
         from dpep_parity.checks.targets.sglang import session
-        return session.build(unit, env)
+        return session.build(unit, env, self.placement)
 
     def run(self, built, step):
         from dpep_parity.checks.targets.sglang import units
@@ -101,3 +107,6 @@ class SGLangTarget:
 
 
 TARGET = SGLangTarget()
+# The same, serving with every expert moved to another physical slot (another rank under EP): EPLB's static
+# placement, which must change no token's experts (museum M39580).
+ROTATED_EXPERTS = SGLangTarget(placement="rotated")

@@ -110,6 +110,11 @@ def forward_batch(s, batch: Batch, dp_rank: int, rows: list[int], input_ids: tor
         capture_hidden_mode=CaptureHiddenMode.FULL if capture_full else CaptureHiddenMode.NULL, **kw,
         **s.adapter.batch_fields(pools))
     s.adapter.init_num_token_non_padded(fb, dev, n)
+    if s.adapter.model_is_mrope(s.model_config):
+        # ForwardBatch.init_new's _compute_mrope_positions for text-only requests (no multimodal input): the
+        # three M-RoPE rows are the 1-D positions (extend: prefix .. prefix + extend - 1; decode: seq_len - 1);
+        # an idle batch has none (0.5.23's init_new: positions.unsqueeze(0).expand(3, -1))
+        set_fields(fb, mrope_positions=fb.positions.unsqueeze(0).repeat(3, 1))
     if s.env.layout.dp > 1:
         # What the scheduler all-gathers (tokens per DP rank) is the batch metadata every rank already has.
         counts = batch.tokens_per_dp()

@@ -130,6 +130,14 @@ def set_cpu_thread_binding(world_size: int) -> None:
 
 
 # ---------------------------------------------------------------- run time (device == "cpu" only)
+def own_cpu_paths_only() -> bool:
+    """DPEP_SGLANG_CPU_PATHS=own: where SGLang has a CPU path of its own (its CPU engine's, selected by the
+    `_is_cpu` flags), the shims select it; where a release has none (DP attention's row copy, pinned counts
+    and the collective custom ops before 0.5.19), SGLang runs as shipped instead of a stand-in (museum M12961:
+    DP attention on SGLang's CPU platform)."""
+    return os.environ.get("DPEP_SGLANG_CPU_PATHS") == "own"
+
+
 def install(device: str) -> list[str]:
     """Apply the run-time shims for `device` (CPU shims only when device is cpu), the gloo transport shims
     when the world's process groups are gloo, and the workarounds of diagnosed SGLang bugs (every device);
@@ -210,6 +218,8 @@ def _forward_batch_unpinned():
     forward_batch_info._is_cpu = True
     if "use_pin_memory" in inspect.getsource(forward_batch_info.ForwardBatch.prepare_mlp_sync_batch):
         return "forward_batch_info._is_cpu"
+    if own_cpu_paths_only():
+        return "forward_batch_info._is_cpu (the release has no unpinned path: SGLang as shipped)"
     forward_batch_info.torch = _CpuTorch(forward_batch_info.torch)
     return "forward_batch_info._is_cpu, torch.tensor(pin_memory=True) unpinned (before 0.5.19)"
 
@@ -244,6 +254,8 @@ def _dp_attention_cpu_copy():
     if hasattr(dp_attention, "memcpy_cpu"):            # 0.5.19+
         dp_attention.memcpy_func = dp_attention.memcpy_cpu
         return "dp_attention.memcpy_func = memcpy_cpu"
+    if own_cpu_paths_only():
+        return "dp_attention: no CPU copy in this release (SGLang as shipped)"
     # Before 0.5.19 dp_attention calls memcpy_triton itself and has no CPU copy: the kernel's own contract
     # on the CPU (offset and size as tensors or ints, in rows of dim 0, exactly `sz` rows copied).
     _memcpy_rows.__wrapped__ = dp_attention.memcpy_triton
@@ -374,6 +386,8 @@ def _coordinator_cpu_collectives():
     parallel_state._is_cpu = True
     if "_is_cpu" in inspect.getsource(parallel_state.GroupCoordinator.all_gather_into_tensor):
         return "parallel_state._is_cpu"
+    if own_cpu_paths_only():
+        return "parallel_state._is_cpu (no CPU branch of the collectives in this release: SGLang as shipped)"
     groups = parallel_state._groups
 
     def reg_all_gather_into_tensor(output, input, group_name):

@@ -1,4 +1,5 @@
-"""Known SGLang 0.5.23 findings (docs/findings.md) as a predicate, for marking expected failures:
+"""Known SGLang findings (docs/findings.md) and the museum's shipped bugs on the releases that shipped them
+(docs/museum.md) as a predicate, for marking expected failures:
 
     from dpep_parity.checks.targets.sglang.findings import explained
     reason = explained(res, fixture)      # res: checks.parity.ParityResult
@@ -7,7 +8,8 @@
 A failure is explained only when *every* failed check is: F1 when the unit runs a layer that transformers
 builds dense (mlp_only_layers / decoder_sparse_step): the moe and decoder units on such a layer, the model
 on a fixture that has one (attention does not touch the MLP); F2 when the only failed check is `dispatch`
-with surplus rows (pad rows dispatched) under DP attention.
+with surplus rows (pad rows dispatched) under DP attention; a museum exhibit when the installed release shipped
+it and its `explains` predicate holds (every failed check is that bug's signature).
 """
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ def explained(res, fixture: str, layer: int | None = None) -> str | None:
     if res.layout.dp > 1 and all(c.prop == "dispatch" and "padded rows dispatched" in c.message
                                  and ": +" in c.message for c in fails):
         return F2
+    from dpep_parity.checks.targets.sglang import museum, releases
+    release = releases.installed_version()
+    ex = museum.explaining(res, fixture, release)
+    if ex is not None:
+        return f"sglang {release}: museum {ex.id} (docs/museum.md): {ex.title}"
     return None
 
 

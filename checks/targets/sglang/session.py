@@ -15,6 +15,7 @@ constructor reads only `device`, `req_to_token_pool` and `token_to_kv_pool` of a
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -38,10 +39,24 @@ STATS: dict[str, list[float]] = {"import": [], "setup": [], "teardown": [], "loa
 class Handle:
     unit: str
     env: BuildEnv
+    placement: str | None = None     # an expert placement of PLACEMENTS, None: SGLang's trivial one
 
 
-def build(unit: str, env: BuildEnv) -> Handle:
-    return Handle(unit, env)
+def build(unit: str, env: BuildEnv, placement: str | None = None) -> Handle:
+    return Handle(unit, env, placement)
+
+
+def _rotated(config: dict) -> dict:
+    """Every layer's experts rotated by half their number: physical slot p holds logical expert
+    (p + E/2) mod E, so under EP every expert lives on another rank than in the trivial placement."""
+    n = config.get("num_experts") or config["num_local_experts"]
+    return {"physical_to_logical_map": [[(p + n // 2) % n for p in range(n)]
+                                        for _ in range(config["num_hidden_layers"])]}
+
+
+# Static expert placements (ServerArgs.init_expert_location, what EPLB hands a server): a placement moves
+# weights between physical slots and ranks and must never change which logical experts a token uses.
+PLACEMENTS = {"rotated": _rotated}
 
 
 class _PoolOwner:
@@ -105,8 +120,8 @@ class Pools:
 class Session:
     """SGLang's state for one (layout, model config, dtype, device) in this process."""
 
-    def __init__(self, key, env: BuildEnv):
-        self.key, self.env = key, env
+    def __init__(self, key, env: BuildEnv, placement: str | None):
+        self.key, self.env, self.placement = key, env, placement
         self.model = None
         self.pools: Pools | None = None
         self.server_args = self.model_config = None
@@ -115,16 +130,17 @@ class Session:
 
 
 _SESSION: Session | None = None
+_AT_EXIT: list = []
 
 
-def _key(env: BuildEnv):
+def _key(env: BuildEnv, placement: str | None):
     cfg = hashlib.sha1(json.dumps(env.config, sort_keys=True).encode()).hexdigest()[:16]
-    return (env.layout, cfg, env.dtype, str(env.device))
+    return (env.layout, cfg, env.dtype, str(env.device), placement)
 
 
-def session_for(env: BuildEnv) -> Session:
+def session_for(env: BuildEnv, placement: str | None = None) -> Session:
     global _SESSION
-    key = _key(env)
+    key = _key(env, placement)
     if _SESSION is not None and _SESSION.key == key:
         return _SESSION
     if _SESSION is not None:
@@ -132,7 +148,10 @@ def session_for(env: BuildEnv) -> Session:
         _teardown()
         STATS["teardown"].append(time.perf_counter() - t0)
         _SESSION = None
-    s = Session(key, env)
+    s = Session(key, env, placement)
+    if not _AT_EXIT:
+        atexit.register(_teardown_at_exit)
+        _AT_EXIT.append(True)
     _setup(s)
     _SESSION = s
     return s
@@ -140,6 +159,18 @@ def session_for(env: BuildEnv) -> Session:
 
 def _teardown():
     eras.adapter(installed_version()).teardown()
+
+
+def _teardown_at_exit():
+    """A rank that leaves with a live SGLang state tears it down first: SGLang's groups hold shared-memory
+    message queues (/dev/shm/sgl_shm_mq_*) that only their destroy unlinks."""
+    global _SESSION
+    if _SESSION is not None:
+        _SESSION = None
+        try:
+            _teardown()
+        except Exception:       # the process is leaving: nothing to report to
+            pass
 
 
 def _config_dir(config: dict) -> str:
@@ -179,12 +210,18 @@ def _setup(s: Session):
     STATS["import"].append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()
+    placement = {} if s.placement is None else {
+        "init_expert_location": json.dumps(PLACEMENTS[s.placement](env.config))}
     s.adapter.setup(s, dict(
         model_path=_config_dir(env.config), device=dev.type, dtype=_DTYPE_NAMES[env.dtype],
         tp_size=lay.tp, dp_size=lay.dp, enable_dp_attention=lay.dp > 1, ep_size=lay.ep,
         enable_dp_lm_head=lay.dp_lm_head, disable_cuda_graph=True, skip_tokenizer_init=True,
         disable_custom_all_reduce=dev.type == "cpu", attention_backend=ATTENTION_BACKEND,
-        load_format="dummy"), env.rank, dev)
+        load_format="dummy", **placement), env.rank, dev)
+    # What ModelRunner.initialize does before it loads the model (maybe_init_expert_location_metadata): the
+    # placement of every expert (SGLang's trivial one unless the server arguments name another), which
+    # the weight loader and the router read.
+    s.adapter.init_expert_location(s)
     STATS["setup"].append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()

@@ -33,7 +33,7 @@ from dpep_parity.checks.targets.sglang.session import Handle, session_for
 
 
 def run(h: Handle, step: Step) -> dict:
-    s = session_for(h.env)
+    s = session_for(h.env, h.placement)
     with torch.no_grad():
         if step.serving is not None and h.unit == "model":
             out = serve_model(s, h.env, step)
@@ -299,6 +299,9 @@ class Taps:
       rows of the buffer the block ran on (the DP-gathered buffer under DP attention), sorted per row;
     - expert counts: rows each local expert received, from what the token dispatcher hands the expert
       runner (StandardDispatcher.dispatch output; local ids under EP, -1 for dropped slots).
+    Both name the logical expert whose weights the slot holds: the router's output and the dispatcher's ids are
+    physical slots (the same ids under SGLang's trivial placement), read through the published placement's
+    physical_to_logical_map, so what is reported is the expert a row is really computed with.
     A layer whose router saw a buffer of another size than SGLang's prepared layout says is not reported."""
 
     def __init__(self, s, layers: list[int], n: int, count: bool = True):
@@ -313,6 +316,9 @@ class Taps:
         return self
 
     def __enter__(self):
+        from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+        placed = get_global_expert_location_metadata()
+        self.logical = None if placed is None else placed.physical_to_logical_map.cpu()
         model_layers = self.s.model.model.layers
         start = gathered_start(self.s, self.fb)
         rows = sum(self.fb.global_num_tokens_cpu) if self.fb.global_num_tokens_cpu is not None \
@@ -330,13 +336,18 @@ class Taps:
                 if ids.shape[0] != rows:
                     self.unreported.append(f"layer {i}: router saw {ids.shape[0]} rows, layout says {rows}")
                     return
-                self.routing[i] = ids[start: start + self.n].sort(dim=-1).values.clone()
+                self.routing[i] = self._logical(i, ids[start: start + self.n]).sort(dim=-1).values.clone()
             self._undo.append(topk.register_forward_hook(hook).remove)
             if self.count:
-                self._count(experts)
+                self._count(i, experts)
         return self
 
-    def _count(self, experts):
+    def _logical(self, layer: int, physical: torch.Tensor) -> torch.Tensor:
+        if self.logical is None:
+            return physical
+        return self.logical[layer][physical.cpu().long()].to(physical.dtype)
+
+    def _count(self, layer: int, experts):
         d = getattr(experts, "dispatcher", None)
         if d is None or not hasattr(d, "dispatch"):
             return
@@ -348,8 +359,8 @@ class Taps:
             if isinstance(ids, torch.Tensor):
                 local = getattr(d, "local_expert_mapping", None) is not None
                 base = d.moe_ep_rank * d.num_local_routed_experts if local else 0
-                for e in ids[ids >= 0].flatten().tolist():
-                    self.counts[base + e] = self.counts.get(base + e, 0) + 1
+                for e in self._logical(layer, ids[ids >= 0].flatten() + base).tolist():
+                    self.counts[e] = self.counts.get(e, 0) + 1
             return out
         d.dispatch = dispatch
         self._undo.append(lambda: vars(d).pop("dispatch", None))

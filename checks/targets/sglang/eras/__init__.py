@@ -38,6 +38,19 @@ class Adapter:
         from sglang.srt.model_executor.model_runner import ModelRunner
         ModelRunner._prepare_eager_forward_batch(runner, fb)
 
+    def model_is_mrope(self, model_config) -> bool:
+        """Whether SGLang keeps M-RoPE positions for this model (ModelConfig.model_is_mrope)."""
+        return bool(model_config.model_is_mrope)
+
+    def init_expert_location(self, s) -> None:
+        """ModelRunner.maybe_init_expert_location_metadata: the placement the server arguments name
+        (init_expert_location, 'trivial' by default) for this rank's MoE-EP rank, published process-wide
+        (overwriting the previous layout's)."""
+        from sglang.srt.distributed.parallel_state import get_moe_expert_parallel_rank
+        from sglang.srt.eplb import expert_location as el
+        el.set_global_expert_location_metadata(el.compute_initial_expert_location_metadata(
+            model_config=s.model_config, moe_ep_rank=get_moe_expert_parallel_rank()), allow_overwrite=True)
+
     def initialize_model(self, initialize, model_config, load_config):
         """SGLang's loader `_initialize_model` (passed in) on the model config."""
         return initialize(model_config, load_config, None)

@@ -46,6 +46,22 @@ class Release015(Release016):
         initialize_dp_attention(server_args=server_args, model_config=model_config)
         s.server_args, s.model_config = server_args, model_config
 
+    def init_expert_location(self, s) -> None:
+        """set_global_expert_location_metadata has no overwrite and asserts an empty slot
+        (eplb/expert_location.py:315): a new layout's ModelRunner, in a process of its own, finds it empty."""
+        from sglang.srt.distributed.parallel_state import get_moe_expert_parallel_rank
+        from sglang.srt.eplb import expert_location as el
+        el._global_expert_location_metadata = None
+        el.set_global_expert_location_metadata(el.compute_initial_expert_location_metadata(
+            server_args=s.server_args, model_config=s.model_config, moe_ep_rank=get_moe_expert_parallel_rank()))
+
+    def model_is_mrope(self, model_config) -> bool:
+        """ModelRunner decides it (0.5.11 - 0.5.15: in __init__, model_runner.py:419-423; 0.5.9 / 0.5.10: the
+        model_is_mrope property): "mrope_section" in the text config's rope parameters or scaling."""
+        hf = model_config.hf_text_config
+        rope = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", {})
+        return rope is not None and "mrope_section" in rope
+
     @staticmethod
     def _dist_env_extra(server_args) -> dict:
         """init_distributed_environment's arguments beyond the world's (model_runner.py:1300)."""
@@ -169,6 +185,16 @@ class Release010(Release011):
 class Release009(Release010):
     """sglang 0.5.9: what 0.5.10 changed, undone."""
 
+    def teardown(self) -> None:
+        """destroy_model_parallel leaves the attention-TP group (parallel_state._ATTN_TP) standing
+        (parallel_state.py:2070-2112; 0.5.10 destroys it): a server never rebuilds its groups, the suite's rank
+        does at every layout, so the group is destroyed here as 0.5.10 does."""
+        from sglang.srt.distributed import parallel_state
+        parallel_state.destroy_model_parallel()
+        if parallel_state._ATTN_TP:
+            parallel_state._ATTN_TP.destroy()
+        parallel_state._ATTN_TP = None
+
     @staticmethod
     def _dist_env_extra(server_args) -> dict:
         """init_distributed_environment takes no all-to-all backend yet."""
@@ -190,6 +216,21 @@ class Release008(Release009):
         initialize_dp_attention derives the attention groups)."""
         return dict(tensor_model_parallel_size=server_args.tp_size, pipeline_model_parallel_size=1,
                     expert_model_parallel_size=server_args.ep_size)
+
+    def teardown(self) -> None:
+        """The attention-TP group lives in dp_attention (_ATTN_TP_GROUP, created by initialize_dp_attention,
+        dp_attention.py:296), which destroy_model_parallel does not know."""
+        from sglang.srt.distributed import parallel_state
+        from sglang.srt.layers import dp_attention
+        parallel_state.destroy_model_parallel()
+        if dp_attention._ATTN_TP_GROUP:
+            dp_attention._ATTN_TP_GROUP.destroy()
+        dp_attention._ATTN_TP_GROUP = None
+
+    def model_is_mrope(self, model_config) -> bool:
+        """ModelRunner.model_is_mrope (model_runner.py:2433) reads the text config's rope_scaling only."""
+        rope = getattr(model_config.hf_text_config, "rope_scaling", {})
+        return rope is not None and "mrope_section" in rope
 
     def initialize_model(self, initialize, model_config, load_config):
         """_initialize_model(model_config, load_config) (model_loader/loader.py:229)."""

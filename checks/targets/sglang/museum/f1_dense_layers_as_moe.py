@@ -1,4 +1,4 @@
-from dpep_parity.checks.targets.sglang.museum import CAUGHT, Exhibit
+from dpep_parity.checks.targets.sglang.museum import CAUGHT, Exhibit, span
 
 EXHIBIT = Exhibit(
     id="F1",
@@ -8,9 +8,9 @@ EXHIBIT = Exhibit(
               "mlp_only_layers and decoder_sparse_step; load_weights skips the dense MLP's tensors silently, "
               "the block runs on unloaded parameters",
     kind="wrong numbers (silent)",
-    shipped=("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
+    shipped=span("0.5.8", "0.5.23"),
     fixed=None,
-    evidence="models/qwen3_moe.py `is_layer_sparse = True` in every release 0.5.16 .. 0.5.23 (grep of each "
+    evidence="models/qwen3_moe.py `is_layer_sparse = True` in every release 0.5.8 .. 0.5.23 (grep of each "
              "wheel); no release has transformers' rule",
     status=CAUGHT,
     prop="parity",

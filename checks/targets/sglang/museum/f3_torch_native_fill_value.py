@@ -1,4 +1,4 @@
-from dpep_parity.checks.targets.sglang.museum import CAUGHT, Exhibit
+from dpep_parity.checks.targets.sglang.museum import CAUGHT, Exhibit, span
 
 EXHIBIT = Exhibit(
     id="F3",
@@ -8,10 +8,10 @@ EXHIBIT = Exhibit(
               "sequence length (get_cpu_graph_seq_len_fill_value / get_cuda_graph_seq_len_fill_value); "
               "TorchNativeAttnBackend defines neither",
     kind="crash",
-    shipped=("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
+    shipped=span("0.5.8", "0.5.23"),
     fixed=None,
-    evidence="layers/attention/torch_native_backend.py has no seq_len_fill_value in 0.5.16 .. 0.5.23; "
-             "forward_batch_info.py calls it (1 call site in 0.5.16-0.5.18, 2 from 0.5.19)",
+    evidence="layers/attention/torch_native_backend.py has no seq_len_fill_value in 0.5.8 .. 0.5.23; "
+             "forward_batch_info.py calls it (1 call site in 0.5.8-0.5.18, 2 from 0.5.19)",
     status=CAUGHT,
     prop="no-crash",
     # SGLang as shipped: the target's F3 workaround off (cpu_shims.install)
