@@ -7,7 +7,11 @@ release of a bug, by binary search over the releases' cached environments (check
 
 A query is a replay line (as a failure prints it; `dpep replay`, `python -m checks.replay` or just its
 options) or the arguments of a pytest run. A release's verdict is the query's exit code there: 0 PASS,
-1 FAIL, anything else ERROR (a crash of the harness, a time-out: reported, never counted as either). Both ends
+1 FAIL, anything else ERROR (a harness fault - the target's adapter does not fit the release, replay's exit 3 -,
+a time-out: reported, never counted as either). `--property P`: a FAIL counts only when property P failed (a
+second bug failing another property in some releases does not move the boundary); `--env NAME=VALUE`: the
+runs' environment (a museum exhibit's). The search assumes one change in the range: a bug introduced and
+fixed inside it reads "no boundary" at its two ends (the table shows them); bisect a range holding one. Both ends
 of the range are tried first; when they agree there is no boundary in the range. Every verdict is kept in a
 state file as soon as it is known (--state, default runs/bisect/<query digest>.json): an interrupted bisect
 resumes where it stopped, and environments already built are reused.
@@ -141,7 +145,16 @@ def run_release(query: Query, version: str, timeout: float, log, env: dict | Non
             "evidence": evidence[:300], "failed": failed}
 
 
-def bisect(query: Query, rels: list[releases.Release], state: State, timeout: float, log=print) -> dict:
+def judged(got: dict, prop: str | None) -> str:
+    """A release's verdict; with `prop`, a FAIL is a FAIL only when that property failed (another property's
+    failure, e.g. a second bug in the same releases, reads PASS for this search)."""
+    if prop and got["verdict"] == FAIL and prop not in got.get("failed", ()):
+        return PASS
+    return got["verdict"]
+
+
+def bisect(query: Query, rels: list[releases.Release], state: State, timeout: float, log=print,
+           prop: str | None = None, env: dict | None = None) -> dict:
     """Binary search for the first release whose verdict differs from the oldest one's. Returns a summary."""
     tried = 0
 
@@ -150,14 +163,14 @@ def bisect(query: Query, rels: list[releases.Release], state: State, timeout: fl
         v = rels[i].version
         tried += 1
         if v in state.verdicts:
-            log(f"[{tried}] sglang {v}: {state.verdicts[v]['verdict']} (from {state.path})")
+            log(f"[{tried}] sglang {v}: {judged(state.verdicts[v], prop)} (from {state.path})")
         else:
             log(f"[{tried}] sglang {v}: running ...")
-            state.verdicts[v] = run_release(query, v, timeout, log)
+            state.verdicts[v] = run_release(query, v, timeout, log, env=env)
             state.save()
             r = state.verdicts[v]
-            log(f"[{tried}] sglang {v}: {r['verdict']} in {r['seconds']} s  {r['evidence']}")
-        return state.verdicts[v]["verdict"]
+            log(f"[{tried}] sglang {v}: {judged(r, prop)} in {r['seconds']} s  {r['evidence']}")
+        return judged(state.verdicts[v], prop)
 
     lo, hi = 0, len(rels) - 1
     first, last = verdict(lo), verdict(hi) if hi > lo else None
@@ -175,13 +188,13 @@ def bisect(query: Query, rels: list[releases.Release], state: State, timeout: fl
             "kind": "first bad release" if first == PASS else "first fixed release"}
 
 
-def table(rels: list[releases.Release], state: State) -> str:
-    rows = ["| release | date | verdict | seconds | evidence |", "|---|---|---|---|---|"]
+def table(rels: list[releases.Release], state: State, prop: str | None = None) -> str:
+    rows = ["| release | date | verdict | failed | seconds | evidence |", "|---|---|---|---|---|---|"]
     for r in rels:
         v = state.verdicts.get(r.version)
         if v:
-            rows.append(f"| {r.version} | {r.date} | {v['verdict']} | {v['seconds']} | "
-                        f"{v['evidence'].replace('|', '/')} |")
+            rows.append(f"| {r.version} | {r.date} | {judged(v, prop)} | {', '.join(v.get('failed', ()))} | "
+                        f"{v['seconds']} | {v['evidence'].replace('|', '/')} |")
         else:
             rows.append(f"| {r.version} | {r.date} | (not tried) | | |")
     return "\n".join(rows)
@@ -194,6 +207,12 @@ def main(argv=None) -> int:
     q = ap.add_mutually_exclusive_group(required=True)
     q.add_argument("--replay", help="a replay line (dpep replay ... / python -m checks.replay ... / its options)")
     q.add_argument("--pytest", help="pytest arguments, e.g. \"property_tests -k pinned --target sglang\"")
+    ap.add_argument("--property", default=None, dest="prop",
+                    help="a release FAILs only when this property fails (e.g. no-crash, parity): another "
+                         "property's failure reads PASS")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable of every release's run (repeatable), e.g. "
+                         "DPEP_SGLANG_WORKAROUNDS=off")
     ap.add_argument("--state", default=None, help="the state file (default runs/bisect/<query digest>.json)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one release's run may take")
     a = ap.parse_args(argv)
@@ -201,21 +220,27 @@ def main(argv=None) -> int:
         rels = releases.parse_range(a.releases)
         query = parse_replay(a.replay) if a.replay else Query("pytest", tuple(shlex.split(a.pytest)))
         bad = _unit_problems(query, rels)
+        from dpep_parity.checks.killtable import PROPERTIES
+        if a.prop is not None and a.prop not in PROPERTIES:
+            bad.append(f"--property {a.prop!r} is not a property; known: {', '.join(PROPERTIES)}")
+        bad += [f"--env {e!r} is not NAME=VALUE" for e in a.env if not re.fullmatch(r"[A-Za-z_]\w*=.*", e)]
         if bad:
             raise BadQuery("\n  ".join(bad))
     except (releases.UnknownRelease, BadQuery, ValueError) as e:
         ap.error(str(e))
-    digest = hashlib.sha1(f"{a.releases} {query.text}".encode()).hexdigest()[:12]
+    env = dict(e.split("=", 1) for e in a.env)
+    digest = hashlib.sha1(f"{a.releases} {query.text} {a.prop} {sorted(env.items())}".encode()).hexdigest()[:12]
     state = State(Path(a.state or Path("runs") / "bisect" / f"{digest}.json"), query)
-    print(f"bisect over {len(rels)} releases ({rels[0].version} .. {rels[-1].version}); {query.text}")
+    print(f"bisect over {len(rels)} releases ({rels[0].version} .. {rels[-1].version}); {query.text}"
+          + (f"; FAIL = property {a.prop} fails" if a.prop else "") + "".join(f"; {k}={v}" for k, v in env.items()))
     print(f"state: {state.path}")
     try:
-        res = bisect(query, rels, state, a.timeout)
+        res = bisect(query, rels, state, a.timeout, prop=a.prop, env=env)
     except RuntimeError as e:          # an environment that could not be built
         print(f"error: {e}", file=sys.stderr)
         return 3
     print()
-    print(table(rels, state))
+    print(table(rels, state, a.prop))
     print()
     if res["error"]:
         print("ERROR: a release's run neither passed nor failed (see its evidence); no verdict")

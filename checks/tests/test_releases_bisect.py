@@ -98,6 +98,8 @@ def test_an_error_verdict_stops_the_search_without_a_boundary(tmp_path, monkeypa
     (["--releases", "0.5.21..0.5.23", "--replay", "dpep replay --unit moe --layout tp1"], "does not parse"),
     (["--releases", "0.5.21..0.5.23", "--replay", "python -m checks.replay --target sglang --unit moe "
       "--fixture qwen3-moe --layout tp1-dp1-ep1 --batch 'dp0:0+3 seed=1'"], "sglang 0.5.21 does not reach unit"),
+    (["--releases", "0.5.22..0.5.23", "--pytest", "x", "--property", "crash"], "--property 'crash' is not"),
+    (["--releases", "0.5.22..0.5.23", "--pytest", "x", "--env", "NO_EQUALS"], "is not NAME=VALUE"),
 ])
 def test_bisect_refuses_bad_input_before_anything_installs(args, says, capsys, monkeypatch):
     monkeypatch.setattr(envs, "install", lambda *a, **k: pytest.fail("an environment would have been built"))
@@ -195,3 +197,18 @@ def test_a_museum_bug_explains_its_own_signature_on_the_releases_that_shipped_it
                              "0.5.10") is None                                   # SUM_LEN: no reduce-scatter
     assert museum.explaining(_result("tp2-dp2-ep2", decode, doubled), "qwen2-moe-shared", "0.5.10") is None
     assert museum.explaining(_result("tp2-dp2-ep2", decode, ("no-crash", "x")), "qwen3-moe", "0.5.10") is None
+
+
+def test_a_property_bisect_reads_another_propertys_failure_as_pass(tmp_path, monkeypatch):
+    """9.9.1 - 9.9.2 fail by `dispatch` only (a second bug), 9.9.3 on fails by `no-crash`: with --property
+    no-crash the first bad release is 9.9.3; without it, 9.9.1."""
+    def fake(query, version, timeout, log, env=None):
+        i = int(version.rsplit(".", 1)[1])
+        failed = ["no-crash"] if i >= 3 else ["dispatch"] if i >= 1 else []
+        return {"verdict": "FAIL" if failed else "PASS", "rc": int(bool(failed)), "seconds": 0.0,
+                "evidence": "", "failed": failed}
+    monkeypatch.setattr(bisect, "run_release", fake)
+    q, rels = bisect.Query("pytest", ("x",)), _rels(5)
+    assert bisect.bisect(q, rels, bisect.State(tmp_path / "a.json", q), 1.0, log=lambda m: None,
+                         prop="no-crash")["at"] == "9.9.3"
+    assert bisect.bisect(q, rels, bisect.State(tmp_path / "b.json", q), 1.0, log=lambda m: None)["at"] == "9.9.1"

@@ -134,7 +134,7 @@ def own_cpu_paths_only() -> bool:
     """DPEP_SGLANG_CPU_PATHS=own: where SGLang has a CPU path of its own (its CPU engine's, selected by the
     `_is_cpu` flags), the shims select it; where a release has none (DP attention's row copy, pinned counts
     and the collective custom ops before 0.5.19), SGLang runs as shipped instead of a stand-in (museum M12961:
-    DP attention on SGLang's CPU platform)."""
+    DP attention on SGLang's CPU platform; EPMAP: the EP dispatcher's table on "cuda")."""
     return os.environ.get("DPEP_SGLANG_CPU_PATHS") == "own"
 
 
@@ -279,12 +279,15 @@ def _memcpy_rows(dst, src, dim, offset, sz, offset_src):
 def _dispatcher_device():
     """Stands in for utils.common.get_device() as called by the standard token dispatcher
     (moe/token_dispatcher/standard.py, StandardDispatcher.dispatch) to place its local_expert_mapping table:
-    get_device() knows accelerators only and raises on a CPU host. Answer "cpu" there; the table's
-    contents (which global expert maps to which local slot, -1 for non-local ones) are SGLang's."""
+    get_device() answers "cpu" only under SGLang's CPU engine (is_cpu(), utils/common.py) and raises on a CPU
+    host otherwise. Answer "cpu" there, as the CPU engine does; the table's contents (which global expert maps
+    to which local slot, -1 for non-local ones) are SGLang's."""
     from sglang.srt.layers.moe.token_dispatcher import standard
     if not hasattr(standard, "get_device"):
         # before 0.5.10 the table is made on the literal device "cuda" (standard.py:149-156): the module's
         # torch places on the CPU what it asks on "cuda"
+        if own_cpu_paths_only():
+            return "token_dispatcher.standard: no CPU path in this release (SGLang as shipped)"
         standard.torch = _CpuTorch(standard.torch)
         return "token_dispatcher.standard: device='cuda' tables on the CPU (before 0.5.10)"
     original = standard.get_device

@@ -45,11 +45,18 @@ class Adapter:
     def init_expert_location(self, s) -> None:
         """ModelRunner.maybe_init_expert_location_metadata: the placement the server arguments name
         (init_expert_location, 'trivial' by default) for this rank's MoE-EP rank, published process-wide
-        (overwriting the previous layout's)."""
+        (replacing the previous layout's)."""
         from sglang.srt.distributed.parallel_state import get_moe_expert_parallel_rank
         from sglang.srt.eplb import expert_location as el
-        el.set_global_expert_location_metadata(el.compute_initial_expert_location_metadata(
-            model_config=s.model_config, moe_ep_rank=get_moe_expert_parallel_rank()), allow_overwrite=True)
+        self._publish_expert_location(el, el.compute_initial_expert_location_metadata(
+            model_config=s.model_config, moe_ep_rank=get_moe_expert_parallel_rank(),
+            **self._expert_location_args(s)))
+
+    def _expert_location_args(self, s) -> dict:
+        return {}
+
+    def _publish_expert_location(self, el, metadata) -> None:
+        el.set_global_expert_location_metadata(metadata, allow_overwrite=True)
 
     def initialize_model(self, initialize, model_config, load_config):
         """SGLang's loader `_initialize_model` (passed in) on the model config."""

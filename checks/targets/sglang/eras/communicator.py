@@ -131,13 +131,9 @@ class Release019(Release020):
 class Release018(Release019):
     """sglang 0.5.18: what 0.5.19 changed, undone."""
 
-    def init_expert_location(self, s) -> None:
+    def _expert_location_args(self, s) -> dict:
         """compute_initial_expert_location_metadata takes the server arguments (eplb/expert_location.py:763)."""
-        from sglang.srt.distributed.parallel_state import get_moe_expert_parallel_rank
-        from sglang.srt.eplb import expert_location as el
-        el.set_global_expert_location_metadata(el.compute_initial_expert_location_metadata(
-            server_args=s.server_args, model_config=s.model_config, moe_ep_rank=get_moe_expert_parallel_rank()),
-            allow_overwrite=True)
+        return {"server_args": s.server_args}
 
     def alloc_rows(self, pool, n: int) -> list[int] | None:
         """No ReqToTokenPool.alloc_rows before 0.5.19: its `alloc(reqs)` binds rows to requests (only their

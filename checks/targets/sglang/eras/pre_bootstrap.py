@@ -46,14 +46,11 @@ class Release015(Release016):
         initialize_dp_attention(server_args=server_args, model_config=model_config)
         s.server_args, s.model_config = server_args, model_config
 
-    def init_expert_location(self, s) -> None:
+    def _publish_expert_location(self, el, metadata) -> None:
         """set_global_expert_location_metadata has no overwrite and asserts an empty slot
         (eplb/expert_location.py:315): a new layout's ModelRunner, in a process of its own, finds it empty."""
-        from sglang.srt.distributed.parallel_state import get_moe_expert_parallel_rank
-        from sglang.srt.eplb import expert_location as el
         el._global_expert_location_metadata = None
-        el.set_global_expert_location_metadata(el.compute_initial_expert_location_metadata(
-            server_args=s.server_args, model_config=s.model_config, moe_ep_rank=get_moe_expert_parallel_rank()))
+        el.set_global_expert_location_metadata(metadata)
 
     def model_is_mrope(self, model_config) -> bool:
         """ModelRunner decides it (0.5.11 - 0.5.15: in __init__, model_runner.py:419-423; 0.5.9 / 0.5.10: the
