@@ -134,7 +134,7 @@ def own_cpu_paths_only() -> bool:
     """DPEP_SGLANG_CPU_PATHS=own: where SGLang has a CPU path of its own (its CPU engine's, selected by the
     `_is_cpu` flags), the shims select it; where a release has none (DP attention's row copy, pinned counts
     and the collective custom ops before 0.5.19), SGLang runs as shipped instead of a stand-in (museum M12961:
-    DP attention on SGLang's CPU platform; EPMAP: the EP dispatcher's table on "cuda")."""
+    DP attention on SGLang's CPU platform; EPMAP: the EP dispatcher's table on "cuda"; F4: reduce_scatterv)."""
     return os.environ.get("DPEP_SGLANG_CPU_PATHS") == "own"
 
 
@@ -339,6 +339,8 @@ def _reduce_scatterv_without_pynccl():
     to the same coordinator's _deterministic_reduce_scatterv: SGLang's own implementation of the same
     contract (the same sizes and offsets; an all_reduce of the group, then this rank's rows), which SGLang
     takes under --enable-deterministic-inference. Only for groups without a usable PyNccl communicator."""
+    if own_cpu_paths_only():
+        return "GroupCoordinator.reduce_scatterv: no CPU path in any release (SGLang as shipped, finding F4)"
     from sglang.srt.distributed.parallel_state import GroupCoordinator
     original = GroupCoordinator.reduce_scatterv
     if not hasattr(GroupCoordinator, "_deterministic_reduce_scatterv"):   # before 0.5.21

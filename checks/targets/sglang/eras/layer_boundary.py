@@ -132,17 +132,35 @@ class Release022(Release023):
 
 class Release021(Release022):
     """sglang 0.5.21: the first layer-boundary release. Its boundary ops have other names and shapes (no
-    `ops.dp_gather` / `ops.sum_output` / `exit._select_dp_reduce_scatter`: the FFN exit is chosen inside
-    `exit.FfnExit`), so the MoE block and attention units, which drive those ops one by one, are not written
-    for it; the decoder layer and the model run SGLang's own forward, as on every release."""
+    `ops.dp_gather` / `ops.sum_output` / `exit._select_dp_reduce_scatter`): the FFN exit is chosen inside the
+    layer's output boundary (`exit.OutputBoundary._select_ffn_completion`), and the block reads the decision
+    from the forward flags."""
 
-    units = ("decoder", "model")
-    unreached = {
-        "moe": "sglang 0.5.21's layer_boundary ops (move_rows, FfnExit) differ from 0.5.22's (dp_gather, "
-               "sum_output, _select_dp_reduce_scatter) that the MoE unit drives step by step: no adapter yet",
-        "attention": "sglang 0.5.21 has no layer_boundary.ops.sum_output (the attention unit's declared sum): "
-                     "no adapter yet",
-    }
+    def moe(self, s, fb, block, x: torch.Tensor, dp: int) -> torch.Tensor:
+        """What FfnExit does around the MLP (layer_boundary/exit.py:469-545, :177-243): the DP gather into
+        the global buffer (ops._redistribute_input_to_dp, move_rows' gather), the block under the flags the
+        output boundary selects (mlp_reduce_scatter when a reduce-scatter completes the sum: the block then
+        leaves out its post-experts all-reduce, moe/utils.py:760-783), then the output boundary's DP step back
+        to this rank's rows (_postprocess_dp_step: dp_reduce_scatter(v), or dp_scatter of the summed output;
+        _complete_ffn_output_now). Without DP attention the block sums its own output (no flag set)."""
+        from sglang.srt.layers.layer_boundary import ops
+        from sglang.srt.runtime_context import get_forward
+        if dp == 1:
+            return block(x, fb)
+        plan = s.model.model.layers[s.env.layer].ffn_boundary.plan
+        steps = plan._batch_steps(fb)
+        dp_step = plan.output._postprocess_dp_step(fb, steps)
+        g = ops._redistribute_input_to_dp(x.contiguous(), fb)
+        with get_forward().scoped(fuse_mlp_allreduce=False, defer_moe_finalize=False,
+                                  mlp_reduce_scatter=plan.output._ffn_leaves_sum_to_reduce_scatter(steps, dp_step)):
+            y = block(g, fb)
+        return ops._to_local_tokens(dp_step or ops._redistribute_output, fb, y)
+
+    def attention_sum(self, y: torch.Tensor, fb) -> torch.Tensor:
+        """The attention output's sum over attention TP as the FFN input reads it (ops._mlp_input_reduce_output,
+        layer_boundary/ops.py:153: attention_tensor_model_parallel_all_reduce; `o_proj` does not reduce)."""
+        from sglang.srt.layers.layer_boundary import ops
+        return ops._mlp_input_reduce_output(y, fb, may_quantize=False)
 
     def decoder(self, s, layer, fb, x: torch.Tensor) -> torch.Tensor | None:
         """0.5.21 names the terminal path `residual.batch.norm(..., capture_output=)`

@@ -111,12 +111,19 @@ def plan(ex: Exhibit, only: set[str] | None = None) -> list[tuple[str, str]]:
     """(release, expected verdict) pairs `run` checks: PASS on the clean release before it (where recorded),
     FAIL on each reachable shipped release, PASS on the fixed one when reachable."""
     from dpep_parity.checks.targets.sglang import releases
-    reach = {r.version for r in releases.supported()}
+    reach = {r.version for r in releases.supported() if reaches(r.version, ex)}
     pairs = [(ex.clean_before, "PASS")] if ex.clean_before in reach else []
     pairs += [(v, "FAIL") for v in ex.shipped if v in reach]
     if ex.fixed and ex.fixed in reach:
         pairs.append((ex.fixed, "PASS"))
     return [(v, e) for v, e in pairs if only is None or v in only]
+
+
+def reaches(version: str, ex: Exhibit) -> bool:
+    """Whether the release's adapter runs the unit of the exhibit's replay query (a pytest query: any)."""
+    from dpep_parity.checks.targets.sglang import eras
+    unit = parsed_query(ex).unit
+    return unit is None or unit in eras.adapter(version).units
 
 
 def as_recorded(ex: Exhibit, want: str, got: dict) -> bool:

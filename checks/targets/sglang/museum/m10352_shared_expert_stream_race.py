@@ -12,5 +12,5 @@ EXHIBIT = Exhibit(
     evidence="0.5.2 models/qwen2_moe.py dual-stream path from #10252; 0.5.3 reads the input before the "
              "in-place MoE",
     status=MISS,
-    why="a CUDA-stream race: the CPU target has no streams, and 0.5.2 is outside the supported releases",
+    why="a CUDA-stream race: the CPU target has no streams, and 0.5.2 is out of the CPU target's reach (<= 0.5.7: vLLM's RMSNorm)",
 )

@@ -1,4 +1,4 @@
-from dpep_parity.checks.targets.sglang.museum import MISS, Exhibit
+from dpep_parity.checks.targets.sglang.museum import PENDING, Exhibit
 
 EXHIBIT = Exhibit(
     id="M10414",
@@ -11,7 +11,9 @@ EXHIBIT = Exhibit(
     fixed="0.5.3",
     evidence="0.5.2 layers/dp_attention.py:54-61, forward_batch_info.py:689-767; 0.5.3 dp_attention.py:58-62 "
              "(`if is_extend_in_batch: return SUM_LEN`)",
-    status=MISS,
-    why="on the torch-native backend the real rows stay right (it iterates the unpadded lengths; only pad rows "
-        "hold garbage, which no property judges); the releases are also outside the supported window",
+    status=PENDING,
+    why="every release that shipped it is out of the CPU target's reach (<= 0.5.7 replace SGLang's RMSNorm "
+        "with vLLM's on CPUs without AMX: releases.py). Expected catch: the padding-rule property (SGLang "
+        "choosing MAX_LEN for a step with an extend, where the rule gives SUM_LEN) at any DP layout, extend step "
+        "with uneven counts; the torch-native backend keeps the real rows right, so parity alone would not",
 )

@@ -15,5 +15,5 @@ EXHIBIT = Exhibit(
     status=MISS,
     why="memory safety only: real-row logits stay right (the copy is capped at the source size) and the "
         "trigger is a retracted request re-prefilled by the scheduler, which the target does not run; "
-        "releases outside the supported window",
+        "the releases are out of the CPU target's reach (<= 0.5.7: vLLM's RMSNorm)",
 )

@@ -24,6 +24,6 @@ EXHIBIT = Exhibit(
     prop="parity",
     # SGLang serving with every expert in another slot (checks.targets.sglang:ROTATED_EXPERTS): the router's
     # logical choice must still pick the same weights
-    query="replay: --target checks.targets.sglang:ROTATED_EXPERTS --unit moe --fixture qwen3-moe "
+    query="replay: --target checks.targets.sglang:ROTATED_EXPERTS --unit decoder --fixture qwen3-moe "
           "--layout tp2-dp1-ep2 --dtype float32 --layer 1 --batch 'dp0:0+3,2+2 seed=5'",
 )

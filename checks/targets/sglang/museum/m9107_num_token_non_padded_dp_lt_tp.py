@@ -10,5 +10,5 @@ EXHIBIT = Exhibit(
     fixed="0.5.1",
     evidence="0.4.10.post2 model_executor/cuda_graph_runner.py:748-749",
     status=MISS,
-    why="CUDA graphs and the DeepEP all-to-all backend only; outside the supported window",
+    why="CUDA graphs and the DeepEP all-to-all backend only; out of the CPU target's reach (<= 0.5.7: vLLM's RMSNorm)",
 )
