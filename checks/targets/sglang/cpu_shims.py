@@ -147,7 +147,15 @@ def install(device: str) -> list[str]:
     done = []
     # DPEP_SGLANG_WORKAROUNDS=off: SGLang as shipped, its diagnosed bugs included (the museum's F3 exhibit)
     fixes = [] if os.environ.get("DPEP_SGLANG_WORKAROUNDS") == "off" else _WORKAROUNDS
+    # DPEP_SGLANG_SHIMS_OFF=name,...: these stand-ins not applied (the museum's F5 exhibit); unknown names refused
+    off = {n for n in os.environ.get("DPEP_SGLANG_SHIMS_OFF", "").split(",") if n}
+    unknown = off - {n for n, _ in _SHIMS + _GLOO_SHIMS}
+    if unknown:
+        raise ValueError(f"DPEP_SGLANG_SHIMS_OFF: unknown shims {sorted(unknown)}; known: "
+                         f"{sorted(n for n, _ in _SHIMS + _GLOO_SHIMS)}")
     for name, fn in fixes + (_GLOO_SHIMS if gloo else []) + (_SHIMS if device == "cpu" else []):
+        if name in off:
+            continue
         if name not in _INSTALLED:
             _INSTALLED[name] = fn()
         done.append(name)
