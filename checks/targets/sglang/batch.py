@@ -35,7 +35,6 @@ class _RunnerStub(StandIn):
         self.attn_backend = attn_backend
 
 
-
 def _bind_runner_methods():
     from sglang.srt.model_executor.model_runner import ModelRunner
     # attn_tp_sequence_sharded: ModelRunner's since 0.5.20 (the preparation before it does not call it)
@@ -113,7 +112,7 @@ def forward_batch(s, batch: Batch, dp_rank: int, rows: list[int], input_ids: tor
     if s.adapter.model_is_mrope(s.model_config):
         # ForwardBatch.init_new's _compute_mrope_positions for text-only requests (no multimodal input): the
         # three M-RoPE rows are the 1-D positions (extend: prefix .. prefix + extend - 1; decode: seq_len - 1);
-        # an idle batch has none (0.5.23's init_new: positions.unsqueeze(0).expand(3, -1))
+        # an idle batch's are empty (0.5.23's init_new: positions.unsqueeze(0).expand(3, -1))
         set_fields(fb, mrope_positions=fb.positions.unsqueeze(0).repeat(3, 1))
     if s.env.layout.dp > 1:
         # What the scheduler all-gathers (tokens per DP rank) is the batch metadata every rank already has.

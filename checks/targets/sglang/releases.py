@@ -5,7 +5,7 @@ suite's process without importing sglang or torch.
 
     from dpep_parity.checks.targets.sglang import releases
     releases.get("0.5.22").era            # 'layer_boundary'
-    releases.between("0.5.10", "0.5.23")  # every known release in that range, oldest first
+    releases.between("0.5.8", "0.5.23")   # every known release in that range, oldest first
 """
 from __future__ import annotations
 
@@ -42,11 +42,6 @@ def version_key(v: str) -> tuple:
         raise UnknownRelease(f"{v!r} is not an sglang release number (like 0.5.22 or 0.5.15.post1)")
     return tuple(int(g) if g is not None else 0 for g in m.groups())
 
-
-_COMMUNICATOR = ("communicator era (srt/layers/communicator.py, distributed/bootstrap.py, runtime_context): "
-                 "no adapter yet (docs/sglang.md, 'Releases')")
-_PRE_BOOTSTRAP = ("pre-bootstrap era (no srt/distributed/bootstrap.py: parallel state from ModelRunner's own "
-                  "init_torch_distributed): no adapter yet (docs/sglang.md, 'Releases')")
 
 _VLLM_NORM = ("on a CPU without AMX, sglang <= 0.5.7 replaces its own RMSNorm with vLLM's at import "
               "(layers/layernorm.py: `from vllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm`), "

@@ -130,7 +130,6 @@ class Session:
 
 
 _SESSION: Session | None = None
-_AT_EXIT: list = []
 
 
 def _key(env: BuildEnv, placement: str | None):
@@ -149,9 +148,6 @@ def session_for(env: BuildEnv, placement: str | None = None) -> Session:
         STATS["teardown"].append(time.perf_counter() - t0)
         _SESSION = None
     s = Session(key, env, placement)
-    if not _AT_EXIT:
-        atexit.register(_teardown_at_exit)
-        _AT_EXIT.append(True)
     _setup(s)
     _SESSION = s
     return s
@@ -171,6 +167,9 @@ def _teardown_at_exit():
             _teardown()
         except Exception:       # the process is leaving: nothing to report to
             pass
+
+
+atexit.register(_teardown_at_exit)     # this module is imported on the rank processes only
 
 
 def _config_dir(config: dict) -> str:

@@ -1,7 +1,9 @@
 """Era adapters: what the `sglang` target does differently on each SGLang release.
 
 SGLang's internals move in eras (docs/sglang.md, "Releases"): the layer-boundary era (0.5.21 - 0.5.23,
-`srt/layers/layer_boundary/`), the communicator era before it (`srt/layers/communicator.py`), and so on. Each
+`srt/layers/layer_boundary/`), the communicator era before it (0.5.16 - 0.5.20, `srt/layers/communicator.py`
+with `distributed/bootstrap.py`), the pre-bootstrap era (0.5.8 - 0.5.15, the groups from ModelRunner's own
+code). Each
 era is one module here holding one `Adapter` subclass per release it supports (`ADAPTERS`: version -> class);
 `checks.targets.sglang.releases` names the module of every release. The units, the session and the batch
 builder call the adapter of the installed release and never test a version themselves.

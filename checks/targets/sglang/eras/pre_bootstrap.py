@@ -1,4 +1,4 @@
-"""The pre-bootstrap era (sglang 0.5.10 - 0.5.15): the communicator of the era after it
+"""The pre-bootstrap era (sglang 0.5.8 - 0.5.15): the communicator of the era after it
 (`srt/layers/communicator.py`, decoder layers taking and returning (hidden, residual)), but no
 `distributed/bootstrap.py`: ModelRunner.init_torch_distributed builds the groups itself, and the decoder layer
 hands the MoE block its reduce-scatter decision as an argument (`self.mlp(hidden, forward_batch, ...,
