@@ -87,17 +87,18 @@ class Batch:
         return " ".join(parts) + f" seed={self.seed}"
 
 
-def padding_mode(batch: Batch) -> str | None:
+def padding_mode(batch: Batch, ties: str = MAX_LEN) -> str | None:
     """sglang `DpPaddingMode.get_dp_padding_mode` without all-to-all backends or custom all-reduce:
-    SUM_LEN whenever a rank extends (MAX_LEN would pad prefill, bug B12), else the cheaper of the two."""
+    SUM_LEN whenever a rank extends (MAX_LEN would pad prefill, bug B12), else the cheaper of the two.
+    `ties`: the mode chosen when both cost the same (sum * 2 == max * dp), an engine's policy, neither wrong:
+    MAX_LEN since sglang 0.5.10 (symmetric memory), SUM_LEN before (a target's `padding_ties`)."""
     counts = batch.tokens_per_dp()
     if batch.nobody_runs:
         return None
     if batch.is_extend_in_batch and batch.dp > 1:
         return SUM_LEN
-    if sum(counts) * 2 >= max(counts) * batch.dp:
-        return MAX_LEN
-    return SUM_LEN
+    cost = sum(counts) * 2 - max(counts) * batch.dp
+    return MAX_LEN if cost > 0 else ties if cost == 0 else SUM_LEN
 
 
 def ceil_align(n: int, a: int) -> int:

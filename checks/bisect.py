@@ -132,15 +132,17 @@ def run_release(query: Query, version: str, timeout: float, log, env: dict | Non
     try:
         p = subprocess.run(query.command(python), capture_output=True, text=True, timeout=timeout,
                            env={**os.environ, **(env or {})})
-        rc, out = p.returncode, p.stdout + p.stderr
+        rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
-        rc, out = 124, f"timed out after {timeout:.0f} s\n{(e.stdout or b'')[-2000:]!r}"
+        rc, out, err = 124, f"timed out after {timeout:.0f} s\n{(e.stdout or b'')[-2000:]!r}", ""
     from dpep_parity.checks.killtable import PROPERTIES
-    lines = [ln for ln in out.strip().splitlines() if ln.strip()]
+    lines = [ln for ln in (out + "\n" + err).strip().splitlines() if ln.strip()]
     # the failed properties, as a replay's report names them ("[parity] ...", "[no-crash] ...")
     tagged = [(m.group(1), ln) for ln in lines if (m := re.match(r"\[([a-z-]+)\] ", ln)) and m.group(1) in PROPERTIES]
     failed = sorted({p for p, _ in tagged})
-    evidence = tagged[0][1] if tagged else (lines[-1] if lines else "")
+    # else the run's own last word (its verdict line on stdout), not an interpreter warning printed at exit
+    last = [ln for ln in out.strip().splitlines() if ln.strip()] or lines
+    evidence = tagged[0][1] if tagged else (last[-1] if last else "")
     return {"verdict": _verdict_of(rc), "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
             "evidence": evidence[:300], "failed": failed}
 

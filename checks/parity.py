@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 from dpep_parity.checks import numerics, units
-from dpep_parity.checks.batches import DTYPES, Batch, padding_mode
+from dpep_parity.checks.batches import DTYPES, MAX_LEN, Batch, padding_mode
 from dpep_parity.checks.recorder import mismatches
 from dpep_parity.checks.reference import Oracle, UnitRef
-from dpep_parity.checks.targets.protocol import HarnessFault, resolve, skip_reason
+from dpep_parity.checks.targets.protocol import HarnessFault, padding_ties, resolve, skip_reason
 from dpep_parity.checks.topology import Layout, validate
 from dpep_parity.checks.unitjob import UnitJob, load_weights
 from dpep_parity.checks.world import RankResult, WorldFailure, get_world
@@ -235,7 +235,8 @@ def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: B
         lay_ref, res.precision_note = _layout_reference(world, target, job, config)
     judge(res, results, config, model_dir, layer, device=world.rank_device,
           truth_device=truth_device or os.environ.get("DPEP_TRUTH_DEVICE") or None,
-          precision=layout_reference and not res.precision_note, layout_ref=lay_ref)
+          precision=layout_reference and not res.precision_note, layout_ref=lay_ref,
+          padding_ties=padding_ties(tgt))
     return res
 
 
@@ -257,7 +258,7 @@ def _layout_reference(world, target: str, job: UnitJob, config: dict) -> tuple[l
 
 def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir, layer: int,
           device: str = "cpu", truth_device: str | None = None, precision: bool = False,
-          layout_ref: list[RankResult] | None = None):
+          layout_ref: list[RankResult] | None = None, padding_ties: str = MAX_LEN):
     """`precision`: also gather the precision test's evidence, against the reference, its variants and
     `layout_ref` (the spec's results at this layout; None when the target is the spec itself)."""
     unit, layout, batch, dtype = res.unit, res.layout, res.batch, res.dtype
@@ -320,7 +321,7 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
         res.checks.append(dispatch_check(results, uref, layout, config, batch, dt, ex_global, top_k))
     modes = {r.value.get("padding_mode") for r in results}
     if layout.dp > 1 and modes != {None}:
-        want = padding_mode(batch)
+        want = padding_mode(batch, padding_ties)
         ok = modes == {want}
         res.checks.append(Check("padding-rule", ok, "" if ok else
                                 f"ranks chose padding mode(s) {sorted(map(str, modes))}; the engine rule gives "

@@ -34,6 +34,9 @@ not fit the system (a renamed function, a moved module): the example ends as a h
 from `run_example`: replay exits 3, `dpep bisect` counts ERROR), never as a verdict on the system. Everything
 else a rank raises is the system's crash (the no-crash property).
 
+Optional: `padding_ties: str` ("max_len", the default, or "sum_len"): the DP padding mode the target chooses
+when both modes move the same number of rows (an engine's policy; the padding-rule property holds it to it).
+
 Optional: `known_failure(result, fixture, layer) -> str | None`: a diagnosed bug of the target (written up
 in docs/findings.md) that explains every failed check of this result; the suite reports it as an
 expected failure with that text instead of a new failure.
@@ -49,7 +52,7 @@ from typing import Any
 import torch
 
 from dpep_parity import own_module
-from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.batches import MAX_LEN, Batch, Request
 from dpep_parity.checks.topology import Layout
 from dpep_parity.checks.units import UNITS  # noqa: F401  (re-exported: the registry is checks/units/)
 
@@ -186,6 +189,11 @@ def skip_reason(target: Any, unit: str, config: dict | None, layout: Layout | No
         why = fn(unit, config, layout) if fn else None
         return why or f"target {target.name} does not implement unit {unit!r} (it has {', '.join(target.units)})"
     return fn(unit, config, layout) if fn else None
+
+
+def padding_ties(target: Any) -> str:
+    """The DP padding mode the target chooses when SUM_LEN and MAX_LEN cost the same (batches.padding_mode)."""
+    return getattr(target, "padding_ties", MAX_LEN)
 
 
 def known_failure(target: Any, result: Any, fixture: str, layer: int) -> str | None:

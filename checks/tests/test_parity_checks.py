@@ -90,3 +90,28 @@ def test_a_parity_failure_with_routing_away_from_ties_names_routing_as_the_likel
     assert {"routing", "parity"} <= set(failed), res.report()
     assert "likely cause: the target routed rows to other experts" in failed["parity"]
     assert res.verdict.ratio == res.verdict.ratio                  # judged on real rows, not all excused (nan)
+
+
+def test_padding_rule_holds_a_target_to_its_own_tie_policy():
+    from types import SimpleNamespace
+
+    from dpep_parity.checks.batches import MAX_LEN, SUM_LEN, padding_mode, parse_batch
+    from dpep_parity.checks.targets.protocol import padding_ties
+    tie = parse_batch("dp0:2+1,3+1,4+1 dp1:idle seed=23")        # decode 3 rows + idle: 3 * 2 == 3 * 2
+    assert padding_mode(tie) == MAX_LEN and padding_mode(tie, SUM_LEN) == SUM_LEN
+    cheap_max = parse_batch("dp0:2+1,3+1 dp1:4+1,5+1 seed=1")     # 4 * 2 > 2 * 2: no tie, MAX_LEN for both
+    cheap_sum = parse_batch("dp0:2+1,3+1,4+1 dp1:idle dp2:idle dp3:idle seed=1")   # 3 * 2 < 3 * 4
+    extend = parse_batch("dp0:0+3 dp1:idle seed=1")              # an extend: SUM_LEN whatever the ties
+    for ties in (MAX_LEN, SUM_LEN):
+        assert padding_mode(cheap_max, ties) == MAX_LEN
+        assert padding_mode(cheap_sum, ties) == SUM_LEN
+        assert padding_mode(extend, ties) == SUM_LEN
+    assert padding_ties(SimpleNamespace()) == MAX_LEN                         # the protocol's default
+    assert padding_ties(SimpleNamespace(padding_ties=SUM_LEN)) == SUM_LEN
+
+
+def test_sglang_releases_before_0_5_10_break_padding_ties_toward_sum_len():
+    # 0.5.9 layers/dp_attention.py:72 `sum_len * 2 > max_len * dp` ; 0.5.10: `>=` (read in the wheels)
+    from dpep_parity.checks.targets.sglang import eras
+    assert [eras.adapter(v).padding_ties for v in ("0.5.8", "0.5.9", "0.5.10", "0.5.23")] == \
+        ["sum_len", "sum_len", "max_len", "max_len"]

@@ -78,6 +78,10 @@ class SGLangTarget:
             _fail(reason)
         return self._adapter().units
 
+    @property
+    def padding_ties(self) -> str:
+        return self._adapter().padding_ties if not unavailable_reason() else "max_len"
+
     def skip_reason(self, unit, config, layout) -> str | None:
         """A unit the installed release's adapter does not reach: why (docs/sglang.md, release x unit)."""
         if unit in self.units:

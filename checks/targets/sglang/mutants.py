@@ -109,6 +109,7 @@ class SGLangMutant(SGLangTarget):
     """The sglang target with one SGLang step broken while an example runs."""
 
     def __init__(self, mutant_id: str):
+        super().__init__()
         self.mutant = MUTANTS[mutant_id]
         self.name = f"sglang+{mutant_id}"
 

@@ -22,6 +22,9 @@ class Adapter:
 
     units: tuple[str, ...] = ()
     unreached: dict[str, str] = {}
+    # DpPaddingMode.get_dp_padding_mode when both modes cost the same: MAX_LEN (0.5.23 layers/dp_attention.py,
+    # `sum_len * 2 >= max_len * dp_size`: "prefer MAX_LEN when communication cost is equal")
+    padding_ties: str = "max_len"
 
     def setup(self, s, server_args_kw: dict, rank: int, device) -> None:
         """SGLang's parallel state over the suite's process group, and its model config: sets

@@ -182,6 +182,10 @@ class Release010(Release011):
 class Release009(Release010):
     """sglang 0.5.9: what 0.5.10 changed, undone."""
 
+    # layers/dp_attention.py:64-76: `if sum_len * 2 > max_len * get_attention_dp_size(): MAX_LEN else SUM_LEN`
+    # (0.5.10 made it `>=`): equal costs choose SUM_LEN
+    padding_ties = "sum_len"
+
     def teardown(self) -> None:
         """destroy_model_parallel leaves the attention-TP group (parallel_state._ATTN_TP) standing
         (parallel_state.py:2070-2112; 0.5.10 destroys it): a server never rebuilds its groups, the suite's rank

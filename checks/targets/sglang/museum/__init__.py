@@ -175,8 +175,8 @@ def main(argv=None) -> int:
     if a.cmd == "list":
         caught, total = recall()
         for e in EXHIBITS.values():
-            print(f"{e.id:6} {e.status:8} shipped {e.shipped[0]}..{e.shipped[-1]:14} fixed {e.fixed or '-':8} "
-                  f"{e.title}")
+            span = f"{e.shipped[0]}..{e.shipped[-1]}"
+            print(f"{e.id:6} {e.status:8} shipped {span:28} fixed {e.fixed or '-':11} {e.title}")
         print(f"recall {caught}/{total}")
         return 0
     ids = a.ids or list(EXHIBITS)
