@@ -136,12 +136,13 @@ def run_release(query: Query, version: str, timeout: float, log, env: dict | Non
     except subprocess.TimeoutExpired as e:
         rc, out, err = 124, f"timed out after {timeout:.0f} s\n{(e.stdout or b'')[-2000:]!r}", ""
     from dpep_parity.checks.killtable import PROPERTIES
-    lines = [ln for ln in (out + "\n" + err).strip().splitlines() if ln.strip()]
+    out_lines = [ln for ln in out.splitlines() if ln.strip()]
+    lines = out_lines + [ln for ln in err.splitlines() if ln.strip()]
     # the failed properties, as a replay's report names them ("[parity] ...", "[no-crash] ...")
     tagged = [(m.group(1), ln) for ln in lines if (m := re.match(r"\[([a-z-]+)\] ", ln)) and m.group(1) in PROPERTIES]
     failed = sorted({p for p, _ in tagged})
     # else the run's own last word (its verdict line on stdout), not an interpreter warning printed at exit
-    last = [ln for ln in out.strip().splitlines() if ln.strip()] or lines
+    last = out_lines or lines
     evidence = tagged[0][1] if tagged else (last[-1] if last else "")
     return {"verdict": _verdict_of(rc), "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
             "evidence": evidence[:300], "failed": failed}

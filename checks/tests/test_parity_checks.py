@@ -115,3 +115,18 @@ def test_sglang_releases_before_0_5_10_break_padding_ties_toward_sum_len():
     from dpep_parity.checks.targets.sglang import eras
     assert [eras.adapter(v).padding_ties for v in ("0.5.8", "0.5.9", "0.5.10", "0.5.23")] == \
         ["sum_len", "sum_len", "max_len", "max_len"]
+
+
+def test_padding_rule_at_a_tie_passes_a_declared_policy_and_fails_an_undeclared_or_unkept_one():
+    from dpep_parity.checks.batches import parse_batch
+    from dpep_parity.checks.parity import run_example
+    from dpep_parity.fixtures.build import fixture_path
+    model, tie = str(fixture_path("qwen3-moe")), parse_batch("dp0:2+1,3+1,4+1 dp1:idle seed=23")
+
+    def rule(target):
+        res = run_example(f"dpep_parity.checks.tests.ties_target:{target}", "moe", model, Layout(2, 2, 1), tie,
+                          "float32", 1, deadline_s=120)
+        return {c.prop: c.ok for c in res.checks}["padding-rule"]
+    assert rule("TARGET")               # positive control: SUM_LEN at the tie, declared
+    assert not rule("UNDECLARED")       # the same padding, not declared: the default MAX_LEN policy is broken
+    assert not rule("DECLARED_ONLY")    # declared SUM_LEN, pads MAX_LEN (the spec's policy): not kept

@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 
+from dpep_parity.checks.batches import MAX_LEN
 from dpep_parity.checks.targets.sglang import cpu_shims, releases
 
 # Rank processes (spawned children of the suite's World) import this module to resolve the target, before
@@ -80,7 +81,7 @@ class SGLangTarget:
 
     @property
     def padding_ties(self) -> str:
-        return self._adapter().padding_ties if not unavailable_reason() else "max_len"
+        return self._adapter().padding_ties if not unavailable_reason() else MAX_LEN
 
     def skip_reason(self, unit, config, layout) -> str | None:
         """A unit the installed release's adapter does not reach: why (docs/sglang.md, release x unit)."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from functools import cache
 
+from dpep_parity.checks.batches import MAX_LEN
+
 
 class Adapter:
     """One release's way of doing the steps the target needs. `units`: the units it reaches; `unreached`:
@@ -24,7 +26,7 @@ class Adapter:
     unreached: dict[str, str] = {}
     # DpPaddingMode.get_dp_padding_mode when both modes cost the same: MAX_LEN (0.5.23 layers/dp_attention.py,
     # `sum_len * 2 >= max_len * dp_size`: "prefer MAX_LEN when communication cost is equal")
-    padding_ties: str = "max_len"
+    padding_ties: str = MAX_LEN
 
     def setup(self, s, server_args_kw: dict, rank: int, device) -> None:
         """SGLang's parallel state over the suite's process group, and its model config: sets

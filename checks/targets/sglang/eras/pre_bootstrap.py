@@ -14,6 +14,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed
 
+from dpep_parity.checks.batches import SUM_LEN
 from dpep_parity.checks.targets.sglang.eras.communicator import Release016
 
 
@@ -184,7 +185,7 @@ class Release009(Release010):
 
     # layers/dp_attention.py:64-76: `if sum_len * 2 > max_len * get_attention_dp_size(): MAX_LEN else SUM_LEN`
     # (0.5.10 made it `>=`): equal costs choose SUM_LEN
-    padding_ties = "sum_len"
+    padding_ties = SUM_LEN
 
     def teardown(self) -> None:
         """destroy_model_parallel leaves the attention-TP group (parallel_state._ATTN_TP) standing
