@@ -1,5 +1,6 @@
 """Calibration of the tolerance model (checks.numerics): `python -m checks.calibrate`.
-(`--precision`: the precision test's calibration instead, checks/calibrate_precision.py.)
+(`--precision`: the precision test's calibration instead, checks/calibrate_precision.py; `--family FIXTURE`: on a
+model family's real units, checks/calibrate_family.py.)
 
 One realistic GEMM (X [m, k] @ W [k, n], inputs rounded to the dtype), its float64 truth and its
 one-device result in the dtype (the reference). Three systems under test are judged by `compare`:
@@ -111,7 +112,14 @@ def main(argv=None) -> int:
                     help="calibrate the precision test instead (checks/calibrate_precision.py): the spec, its "
                          "legitimate variants and the precision mutants through every unit, in bfloat16")
     ap.add_argument("--examples", type=int, default=24, help="examples per unit and target (--precision)")
+    ap.add_argument("--family", metavar="FIXTURE", default=None,
+                    help="calibrate on a model family's real units instead (checks/calibrate_family.py): the "
+                         "fixture through the sglang target at every layout, with a planted 1-ulp bias and a "
+                         "doubled reduction")
     args = ap.parse_args(argv)
+    if args.family:
+        from dpep_parity.checks import calibrate_family
+        return 0 if calibrate_family.run(args.family) else 1
     if args.precision:
         from dpep_parity.checks import calibrate_precision
         good, prec_rows = calibrate_precision.run(args.examples)

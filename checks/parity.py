@@ -21,6 +21,7 @@ from dpep_parity.checks.targets.protocol import HarnessFault, padding_ties, reso
 from dpep_parity.checks.topology import Layout, validate
 from dpep_parity.checks.unitjob import UnitJob, load_weights
 from dpep_parity.checks.world import RankResult, WorldFailure, get_world
+from dpep_parity.fixtures import families
 
 
 @dataclass
@@ -353,13 +354,13 @@ def _shape(x):
 def dispatch_check(results, uref, layout, config, batch, dt, excused, top_k) -> Check:
     """Rows dispatched per expert equal the oracle's routing, up to the near-tie rows (B11: padded rows)."""
     truth_reqs = uref.router[0][0]
-    probs = torch.cat(truth_reqs) if truth_reqs else torch.zeros(0, config["num_experts"])
+    probs = torch.cat(truth_reqs) if truth_reqs else torch.zeros(0, families.num_experts(config))
     # take the extend rows of each request
     rows, flat = [], batch.requests_flat()
     for (_, _, req), p in zip(flat, truth_reqs):
         rows.append(p[-req.extend:] if req.extend else p[:0])
     probs = torch.cat(rows) if rows else probs[:0]
-    want = torch.bincount(probs.topk(top_k, dim=1).indices.flatten(), minlength=config["num_experts"])
+    want = torch.bincount(probs.topk(top_k, dim=1).indices.flatten(), minlength=families.num_experts(config))
     got = torch.zeros_like(want)
     for r in results:
         if layout.moe_tp_rank(r.rank) != 0:

@@ -94,7 +94,19 @@ def pytest_report_header(config):
             f"world={config.getoption('--world')} "
             f"hypothesis profile={settings.get_current_profile_name()} "
             f"(max_examples={settings.default.max_examples})",
-            device_header(config.getoption("--device"), sizes, config)]
+            device_header(config.getoption("--device"), sizes, config), *families_header(config)]
+
+
+def families_header(config) -> list[str]:
+    """The requested fixtures the target leaves out (a family it declares it does not implement)."""
+    from dpep_parity.checks.targets.protocol import left_out_fixtures
+    from dpep_parity.fixtures.specs import DEFAULT_SUITE
+    fixtures = [f for f in config.getoption("--models").split(",") if f] or list(DEFAULT_SUITE)
+    try:
+        left = left_out_fixtures(config.getoption("--target"), fixtures)
+    except Exception:           # an unknown target or fixture is reported by the suite's option check
+        return []
+    return [f"dpep: fixture {f} left out: {why}" for f, why in left]
 
 
 def device_header(device: str, sizes: list[int], config) -> str:

@@ -1,5 +1,5 @@
-"""The single-device oracle: Hugging Face transformers' own Qwen2-MoE / Qwen3-MoE modules, code that no
-engine under test shares. Loaded from the fixture directory (never cast in memory: transformers keeps the
+"""The single-device oracle: Hugging Face transformers' own modules of the fixture's family (Qwen2-MoE,
+Qwen3-MoE, GLM-4.5-MoE: fixtures.families), code that no engine under test shares. Loaded from the fixture directory (never cast in memory: transformers keeps the
 rotary inv_freq in fp32 on load) in float64 for the truth and in the test dtype for the reference.
 
 Devices: the reference (test dtype) runs on the device of the system under test, so that its rounding is
@@ -85,7 +85,34 @@ def load_model(model_dir: str, dtype: str, device: str = "cpu", experts: str = "
         m = AutoModelForCausalLM.from_pretrained(model_dir, experts_implementation=experts, **kw)
     if device != "cpu":
         m = m.to(device)   # moves storage only: the fp32 rotary inv_freq stays fp32
+    if dtype == "float64":
+        _float64_throughout(m)
     return m.eval()
+
+
+class _Float64Torch:
+    """`torch` as a module whose `float32` is float64: the globals under which a module's own forward runs in
+    the truth, so that a cast to float32 written on purpose (transformers computes GLM's and DeepSeek-V3's
+    routers in float32 whatever the model's dtype) keeps float64 there."""
+
+    def __getattr__(self, name):
+        return torch.float64 if name == "float32" else getattr(torch, name)
+
+
+def _float64_throughout(model) -> None:
+    """The float64 truth runs the modules its family names (fixtures.families: `float32_modules`) with their
+    own forward code, its float32 casts read as float64: the truth must not round where the reference keeps
+    float32 (it would be no truth for a float32 test)."""
+    import types
+
+    from dpep_parity.fixtures import families
+    names = set(families.get(model.config).float32_modules)
+    for mod in model.modules():
+        if type(mod).__name__ in names:
+            fn = type(mod).forward
+            code = types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch()}, fn.__name__,
+                                      fn.__defaults__, fn.__closure__)
+            mod.forward = types.MethodType(code, mod)
 
 
 def resolve_device(device: str | None) -> str:
@@ -293,10 +320,15 @@ def _merge_router(truth_taps, ref_taps, n_layers):
 
 
 class _RouterTap:
-    """Captures router logits of every sparse layer during one forward (forward hooks on `mlp.gate`)."""
+    """Captures the router's choice scores of every sparse layer during one forward (forward hooks on `mlp.gate`:
+    its logits, turned into the scores whose top-k is the choice by the model's family). `probs` hands them out
+    as a softmax over the scores: for a softmax router the router's probabilities, for a sigmoid router with a
+    correction bias a distribution whose log-ratios are the score margins (what the near-tie test reads)."""
 
     def __init__(self, model):
+        from dpep_parity.fixtures import families
         self.model, self.handles, self.logits = model, [], {}
+        self.choice = families.get(model.config).choice_scores
 
     def __enter__(self):
         for i, layer in enumerate(self.model.model.layers):
@@ -308,13 +340,13 @@ class _RouterTap:
     def _hook(self, i):
         def hook(mod, inp, out):
             logits = out[0] if isinstance(out, tuple) else out
-            self.logits[i] = logits.detach().reshape(-1, logits.shape[-1])
+            self.logits[i] = self.choice(mod, logits.detach().reshape(-1, logits.shape[-1]))
         return hook
 
     def probs(self, layer: int, start: int = 0, stop: int | None = None):
         if layer not in self.logits:
             return None
-        return torch.softmax(self.logits[layer][start:stop].to(torch.float64), dim=-1).cpu()
+        return torch.softmax(self.logits[layer][start:stop], dim=-1).cpu()
 
     def __exit__(self, *exc):
         for h in self.handles:

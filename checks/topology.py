@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dpep_parity.fixtures import families
+
 
 class InvalidLayout(ValueError):
     """A layout that breaks one of the rules; the message names the rule."""
@@ -127,7 +129,7 @@ def layout_violations(layout: Layout, config: Any | None = None) -> list[str]:
     if kv % attn_tp and attn_tp % kv:
         out.append(f"num_key_value_heads and attn_tp must divide one another (KV heads split or replicated): "
                    f"kv_heads={kv}, attn_tp={attn_tp}")
-    experts = _cfg(config, "num_experts", 0) or 0
+    experts = families.num_experts(config)
     if experts:
         if experts % ep:
             out.append(f"num_experts % ep == 0 (contiguous expert blocks): experts={experts}, ep={ep}")
@@ -136,9 +138,10 @@ def layout_violations(layout: Layout, config: Any | None = None) -> list[str]:
         moe_i = _cfg(config, "moe_intermediate_size")
         if moe_i % moe_tp:
             out.append(f"moe_intermediate_size % moe_tp == 0: moe_intermediate_size={moe_i}, moe_tp=tp/ep={moe_tp}")
-        shared = _cfg(config, "shared_expert_intermediate_size", 0) or 0
+        shared = families.shared_expert_width(config)
         if shared and shared % tp:
-            out.append(f"shared_expert_intermediate_size % tp == 0: {shared} % {tp}")
+            out.append(f"shared expert width % tp == 0 (shared_expert_intermediate_size, or n_shared_experts x "
+                       f"moe_intermediate_size; TP-sharded like a dense MLP): {shared} % {tp}")
     dense_i = _cfg(config, "intermediate_size")
     if dense_i and dense_i % tp:
         out.append(f"intermediate_size % tp == 0 (dense MLP is TP-sharded): {dense_i} % {tp}")

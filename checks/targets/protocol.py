@@ -37,6 +37,10 @@ else a rank raises is the system's crash (the no-crash property).
 Optional: `padding_ties: str` ("max_len", the default, or "sum_len"): the DP padding mode the target chooses
 when both modes move the same number of rows (an engine's policy; the padding-rule property holds it to it).
 
+Optional: `unsupported_families: dict[str, str]` (model_type -> why): model families (fixtures.families) the
+target does not implement. The suite leaves those fixtures out of its draws for the target (the pytest header
+names them with the reason) and skips an example of one with that reason.
+
 Optional: `known_failure(result, fixture, layer) -> str | None`: a diagnosed bug of the target (written up
 in docs/findings.md) that explains every failed check of this result; the suite reports it as an
 expected failure with that text instead of a new failure.
@@ -183,7 +187,27 @@ def resolve(spec: str | Any) -> Any:
     return obj
 
 
+def family_skip(target: Any, config: Any) -> str | None:
+    """Why the target does not implement the family of `config` (a config mapping, a FixtureSpec), or None."""
+    if config is None:
+        return None
+    from dpep_parity.fixtures import families
+    arch = getattr(config, "arch", None) or families.cfg(config, "model_type") or "qwen2_moe"
+    why = (getattr(target, "unsupported_families", None) or {}).get(arch)
+    return f"target {target.name} does not implement the {arch} family: {why}" if why else None
+
+
+def left_out_fixtures(target: str, fixtures) -> tuple[tuple[str, str], ...]:
+    """(fixture, why) for the fixtures whose family the target declares it does not implement."""
+    from dpep_parity.fixtures.specs import FIXTURES
+    tgt = resolve(target)
+    return tuple((f, why) for f in fixtures if f in FIXTURES and (why := family_skip(tgt, FIXTURES[f])))
+
+
 def skip_reason(target: Any, unit: str, config: dict | None, layout: Layout | None) -> str | None:
+    family = family_skip(target, config)
+    if family:
+        return family
     fn = getattr(target, "skip_reason", None)
     if unit not in target.units:
         why = fn(unit, config, layout) if fn else None

@@ -573,6 +573,15 @@ class SpecTarget:
     """The protocol object for SpecModel (and its mutants: set `model_class`)."""
     name = "spec"
     units = UNITS
+    # The spec mirrors SGLang's Qwen2-MoE / Qwen3-MoE path (softmax routing, full RoPE, Qwen's dense-layer rule,
+    # Qwen2's gated shared expert): other families run under the sglang target and outside targets.
+    unsupported_families = {
+        "glm4_moe": "the spec implements Qwen2-MoE / Qwen3-MoE only (softmax router, full rotary, gated shared "
+                    "expert); GLM-4.5-MoE's sigmoid router with correction bias, routed scaling, partial rotary "
+                    "and ungated shared experts run under the sglang target",
+        "deepseek_v3": "the spec implements Qwen2-MoE / Qwen3-MoE only (GQA attention, softmax router); "
+                       "DeepSeek-V3's latent attention and group-limited sigmoid routing run under the sglang target",
+    }
     sessions = True          # keeps KV caches across the steps of a serving session (run_model)
     model_class = SpecModel
 

@@ -12,6 +12,7 @@ from dpep_parity.checks import oracle_experts
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.numerics import PrecisionPool, precision_sample
 from dpep_parity.checks.reference import Oracle, load_model
+from dpep_parity.fixtures import families
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.specs import FIXTURES, sparse_layers
 
@@ -38,7 +39,7 @@ def routing(n: int, experts: int, k: int, seed: int, skew: bool):
 @torch.no_grad()
 def test_padded_bmm_equals_the_eager_loop(name, n, skew):
     experts, config = experts_module(name)
-    k, E = config.num_experts_per_tok, config.num_experts
+    k, E = config.num_experts_per_tok, families.num_experts(config)
     w, ids = routing(n, E, k, seed=n + 3, skew=skew)
     x = torch.randn(n, config.hidden_size, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
     want = type(experts).forward.__wrapped__(experts, x, ids, w)          # transformers' eager loop
@@ -54,7 +55,7 @@ def test_padded_bmm_equals_the_eager_loop(name, n, skew):
 def test_out_of_range_expert_ids_add_nothing():
     """transformers' EP sentinels (ids past the experts) are dropped, as its grouped_mm drops them."""
     experts, config = experts_module("qwen3-moe")
-    k, E = config.num_experts_per_tok, config.num_experts
+    k, E = config.num_experts_per_tok, families.num_experts(config)
     w, ids = routing(5, E, k, seed=1, skew=False)
     x = torch.randn(5, config.hidden_size, dtype=torch.float64)
     masked = ids.clone()
@@ -92,7 +93,7 @@ def test_the_dtype_sum_decoy_is_transformers_eager_loop_bit_for_bit_on_the_cpu(n
     rounding) differs from the eager loop wherever a token adds three or more expert outputs."""
     m = load_model(str(fixture_path(name)), "bfloat16", "cpu", "eager")
     experts = m.model.layers[next(i for i, s in enumerate(sparse_layers(m.config)) if s)].mlp.experts
-    k, E = m.config.num_experts_per_tok, m.config.num_experts
+    k, E = m.config.num_experts_per_tok, families.num_experts(m.config)
     w, ids = routing(n, E, k, seed=n + 5, skew=skew)
     w = w.to(torch.bfloat16)
     x = torch.randn(n, m.config.hidden_size, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)

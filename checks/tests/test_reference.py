@@ -9,7 +9,8 @@ import torch
 
 from dpep_parity.checks import units
 from dpep_parity.checks.batches import Batch, Request, seq_inputs, seq_token_ids
-from dpep_parity.checks.reference import Oracle
+from dpep_parity.checks.reference import Oracle, _float64_throughout
+from dpep_parity.fixtures import families
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.specs import FIXTURES, sparse_layers
 
@@ -27,8 +28,10 @@ def oracle(name: str) -> Oracle:
 
 
 @functools.lru_cache(maxsize=None)
-def hf_model(name: str, dtype: torch.dtype):
-    """A fresh transformers load, independent of the oracle's cache, with the eager kernels."""
+def hf_model(name: str, dtype: torch.dtype, float64_routers: bool = True):
+    """A fresh transformers load, independent of the oracle's cache, with the eager kernels; in float64, the
+    modules the family computes in float32 on purpose run in float64 as in the oracle's truth (unless
+    `float64_routers` is False: transformers as it ships)."""
     from transformers import AutoModelForCausalLM
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -37,6 +40,8 @@ def hf_model(name: str, dtype: torch.dtype):
             m = AutoModelForCausalLM.from_pretrained(path, experts_implementation="eager", **kw)
         except TypeError:
             m = AutoModelForCausalLM.from_pretrained(path, **kw)
+    if dtype == torch.float64 and float64_routers:
+        _float64_throughout(m)
     return m.eval()
 
 
@@ -116,7 +121,7 @@ def test_units_equal_the_hf_modules_run_directly(name):
                 gate = layer.mlp.gate.weight
                 for p, x, (_, _, r) in zip(probs, mlp_in, BATCH.requests_flat()):
                     want = torch.softmax((x @ gate.T).double(), -1)[r.prefix:]
-                    assert p.shape == (r.extend, o.config.num_experts)
+                    assert p.shape == (r.extend, families.num_experts(o.config))
                     assert torch.allclose(p, want, rtol=0, atol=1e-6 if dt == torch.float32 else 1e-14)
             x = torch.cat([s for s in seqs]).to(dt)
             um = o.mlp(layer_i, x)
@@ -195,7 +200,7 @@ def test_router_probabilities_for_sparse_layers_only(name):
         gate = m.model.layers[i].mlp.gate.weight
         assert len(truth) == len(ref) == len(BATCH.requests_flat())
         for p, p_ref, x, (_, _, r) in zip(truth, ref, inputs[i], BATCH.requests_flat()):
-            assert p.shape == p_ref.shape == (r.total, o.config.num_experts)    # prefix tokens included
+            assert p.shape == p_ref.shape == (r.total, families.num_experts(o.config))    # prefix tokens included
             assert torch.allclose(p, torch.softmax(x @ gate.T, -1), rtol=0, atol=1e-14)
             assert torch.allclose(p.sum(-1), torch.ones(r.total, dtype=torch.float64))
             assert 0 < (p_ref - p).abs().max() < 1e-5
@@ -205,7 +210,7 @@ def test_router_probabilities_for_sparse_layers_only(name):
         um = o.mlp(i, x)
         assert len(um.router) == int(s)
         if s:
-            assert um.router[0][0].shape == (6, o.config.num_experts)
+            assert um.router[0][0].shape == (6, families.num_experts(o.config))
     assert ATTN.reference(o, 1, BATCH, seq_inputs(BATCH, o.config.hidden_size, torch.float64)).router == []
 
 
@@ -227,3 +232,22 @@ def test_batched_requests_do_not_see_each_other(unit):
     for got, want in ((moved.truth, base.truth), (moved.ref, base.ref)):
         assert same_rows(got[:first], want[:first], o.config)
         assert rel(got[first:], want[first:]) > 1e-3
+
+
+@torch.no_grad()
+def test_truth_runs_float32_routers_in_float64():
+    """GLM's router casts to float32 in transformers whatever the model's dtype: shipped as it is, a float64
+    model's routing weights carry float32 rounding (a float32 test's error would sit at the truth's own); the
+    truth runs the same forward code with its casts read as float64. Control: Qwen (no such module) is
+    transformers' float64 model unchanged."""
+    x = torch.randn(16, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    shipped = hf_model("glm4-moe", torch.float64, float64_routers=False).model.layers[1].mlp.gate
+    truth = oracle("glm4-moe").truth_model.model.layers[1].mlp.gate
+    (l32, _, _), (l64, w64, i64) = shipped(x), truth(x)
+    assert (l32.dtype, l64.dtype) == (torch.float32, torch.float64)
+    want = torch.nn.functional.linear(x, truth.weight.double())
+    assert torch.allclose(l64, want, rtol=1e-14, atol=1e-14) and not torch.allclose(l32.double(), want, rtol=1e-12)
+    chosen = torch.sigmoid(want).gather(1, i64)
+    assert torch.allclose(w64, chosen / chosen.sum(-1, keepdim=True) * truth.routed_scaling_factor, rtol=1e-13)
+    qwen = oracle("qwen3-moe").truth_model.model.layers[0].mlp.gate
+    assert "forward" not in vars(qwen)

@@ -28,13 +28,39 @@ KILLS = [
 ]
 
 
+# Every other model family: the DP gather and the MoE output's reduction broken (SGLang #36884 / #37187 /
+# #23431 were exactly these, in GLM's, GPT-OSS's and MiniMax-M2's model files).
+FAMILY_KILLS = {
+    "glm4-moe": [
+        ("S03", Layout(2, 2, 2), "dp0:0+3 dp1:2+2 seed=6", ("moe", "decoder", "model")),
+        ("S04", Layout(2, 2, 1), "dp0:0+3,2+2 dp1:0+2 seed=5", ("moe", "decoder", "model")),
+        ("S05", Layout(2, 1, 2), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),
+    ],
+    "deepseek-v3": [
+        ("S02", Layout(2, 1, 1), "dp0:0+3,2+2 seed=5", ("attention", "decoder", "model")),   # latent cache
+        ("S03", Layout(2, 2, 2), "dp0:0+3 dp1:2+2 seed=6", ("moe", "decoder", "model")),
+        ("S04", Layout(2, 2, 1), "dp0:0+3,2+2 dp1:0+2 seed=5", ("moe", "decoder", "model")),
+        ("S05", Layout(2, 1, 2), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),
+    ],
+}
+
+
 def test_broken_sglang_steps_are_caught():
-    model = str(fixture_path("qwen3-moe"))
+    _kills("qwen3-moe", KILLS)
+
+
+@pytest.mark.parametrize("fixture", sorted(FAMILY_KILLS))
+def test_broken_steps_are_caught_in_every_family(fixture):
+    _kills(fixture, FAMILY_KILLS[fixture])
+
+
+def _kills(fixture: str, kills) -> None:
+    model = str(fixture_path(fixture))
     problems = []
-    for mutant, layout, text, units in KILLS:
+    for mutant, layout, text, units in kills:
         batch = parse_batch(text)
         for unit in units:
-            layer = 0 if unit == "model" else 1
+            layer = 0 if unit == "model" else 1        # layer 1 is sparse in every fixture here
             good = run_example("sglang", unit, model, layout, batch, "float32", layer, deadline_s=300)
             if not good.ok:        # positive control: SGLang itself passes the example
                 problems.append(f"unmutated sglang failed {unit} {layout} [{text}]:\n{good.report()}")

@@ -30,7 +30,10 @@ RULES = [
     ("num_experts % ep", Layout(4, 1, 4), {"num_experts": 6}),
     ("tp <= num_experts with EP", Layout(4, 1, 2), {"num_experts": 2}),
     ("moe_intermediate_size % moe_tp", Layout(4, 1, 1), {"moe_intermediate_size": 30}),
-    ("shared_expert_intermediate_size % tp", Layout(4, 2, 2), {"shared_expert_intermediate_size": 66}),
+    ("shared expert width % tp", Layout(4, 2, 2), {"shared_expert_intermediate_size": 66}),
+    ("n_shared_experts x moe_intermediate_size", Layout(4, 4, 4),
+     {"shared_expert_intermediate_size": 0, "n_shared_experts": 3, "moe_intermediate_size": 2}),
+    ("num_experts % ep", Layout(4, 1, 4), {"num_experts": None, "n_routed_experts": 6}),
     ("intermediate_size % tp", Layout(4, 2, 2), {"intermediate_size": 130}),
     ("vocab_size % lm_head group", Layout(4, 2, 2), {"vocab_size": 514}),
 ]

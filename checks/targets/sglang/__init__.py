@@ -59,11 +59,13 @@ def _fail(reason: str):
 
 class SGLangTarget:
     """SGLang's model on the suite's worlds; `placement`: a static expert placement of session.PLACEMENTS
-    given to SGLang as --init-expert-location (None: its trivial placement)."""
+    given to SGLang as --init-expert-location (None: its trivial placement); `server_options`: further server
+    arguments, (name, value) pairs of ServerArgs (an option SGLang offers under DP attention)."""
 
-    def __init__(self, placement: str | None = None):
+    def __init__(self, placement: str | None = None, server_options: tuple = (), name: str | None = None):
         self.placement = placement
-        self.name = "sglang" if placement is None else f"sglang-{placement}-experts"
+        self.server_options = tuple(server_options)
+        self.name = name or ("sglang" if placement is None else f"sglang-{placement}-experts")
 
     # This package is glue around SGLang: an ImportError / AttributeError / TypeError raised in it means an
     # adapter does not fit the installed release, a harness error, never a verdict on SGLang (protocol).
@@ -104,7 +106,7 @@ class SGLangTarget:
         if reason:
             raise RuntimeError(reason)
         from dpep_parity.checks.targets.sglang import session
-        return session.build(unit, env, self.placement)
+        return session.build(unit, env, self.placement, self.server_options)
 
     def run(self, built, step):
         from dpep_parity.checks.targets.sglang import units
@@ -115,3 +117,6 @@ TARGET = SGLangTarget()
 # The same, serving with every expert moved to another physical slot (another rank under EP): EPLB's static
 # placement, which must change no token's experts (museum M39580).
 ROTATED_EXPERTS = SGLangTarget(placement="rotated")
+# The same with the dense layers' MLP fully data-parallel (--moe-dense-tp-size 1: replicated weights, each DP
+# rank's rows alone, no gather and no sum), SGLang's option for models with dense layers (DeepSeek, GLM).
+DENSE_FULLY_DP = SGLangTarget(server_options=(("moe_dense_tp_size", 1),), name="sglang-moe-dense-tp1")

@@ -459,8 +459,30 @@ def _rotary_cpu_platform():
     return f"{base.__name__}._is_cpu"
 
 
+def _mla_torch_native_dispatch():
+    """Stands in for the attention-method choice of DeepSeek's MLA layers (models/deepseek_common/
+    attention_backend_handler.py) for the torch-native backend, which has no handler there: SGLang falls back to
+    the triton handler, which picks MHA (k and v expanded from the latent, `attn_mha(..., save_kv_cache=False)`)
+    for an extend without cached prefix; TorchNativeAttnBackend.forward_extend then attends over the pool's
+    buffers, ignoring the k / v it was given (they are never saved), and an MLA pool holds the one-head latent
+    there, so the shapes do not match. SGLang's CPU backend for MLA is intel_amx (sgl-kernel's CPU build, not
+    installable here). The stand-in registers SGLang's own MLA-subtype dispatch for torch_native: every batch
+    takes the absorbed MLA path (q against the latent, `attn_mqa`), which the torch-native backend serves.
+    What the MHA prefill path computes for prefix-less extends is not reached on this backend (docs/sglang.md)."""
+    try:
+        from sglang.srt.models.deepseek_common.attention_backend_handler import (
+            AttentionBackendRegistry,
+            _dispatch_mla_subtype,
+        )
+    except ImportError:                  # a release before the registry: its DeepSeek path is not run here
+        return "no attention_backend_handler: not applied"
+    AttentionBackendRegistry.register("torch_native", _dispatch_mla_subtype)
+    return "AttentionBackendRegistry['torch_native'] = _dispatch_mla_subtype"
+
+
 _SHIMS: list = [
     ("rotary_cpu_platform", _rotary_cpu_platform),
+    ("mla_torch_native_dispatch", _mla_torch_native_dispatch),
     ("shared_expert_gate_torch", _shared_expert_gate_torch),
     ("coordinator_cpu_collectives", _coordinator_cpu_collectives),
     ("reduce_scatterv_without_pynccl", _reduce_scatterv_without_pynccl),

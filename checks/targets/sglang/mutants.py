@@ -11,9 +11,10 @@ them, and that the suite's properties fail when those go wrong:
 | id | what is broken (where) | class |
 |---|---|---|
 | S01 | decode positions off by one: `clamp_position(seq_lens)` returns seq_lens, not seq_lens - 1 | RoPE / position bug |
-| S02 | every KV cache write lands one slot later (`MHATokenToKVPool.set_kv_buffer`) | cache write bug |
+| S02 | every KV cache write lands one slot later (`MHATokenToKVPool` / `MLATokenToKVPool.set_kv_buffer`) | cache write bug |
 | S03 | every DP rank takes its rows from offset 0 of the gathered buffer (`get_dp_local_info`) | B06 |
 | S04 | the MoE output's sum runs twice (`moe.utils._post_experts_sum`) | B14 |
+| S05 | the MoE output's sum is skipped: each rank keeps its partial sum (`moe.utils._post_experts_sum`) | SGLang #36884 (GLM's missing post-MoE combine) |
 """
 from __future__ import annotations
 
@@ -63,11 +64,18 @@ def _s01():
 def _s02():
     import dataclasses
 
+    def later(loc_info):
+        if dataclasses.is_dataclass(loc_info):
+            return dataclasses.replace(loc_info, loc=loc_info.loc + 1)
+        return loc_info + 1
+
     def make(original):
         def set_kv_buffer(self, layer, loc_info, *args, **kwargs):
-            return original(self, layer, dataclasses.replace(loc_info, loc=loc_info.loc + 1), *args, **kwargs)
+            return original(self, layer, later(loc_info), *args, **kwargs)
         return set_kv_buffer
-    return _patch_method("sglang.srt.mem_cache.memory_pool", "MHATokenToKVPool", "set_kv_buffer", make)
+    undo = [_patch_method("sglang.srt.mem_cache.memory_pool", cls, "set_kv_buffer", make)
+            for cls in ("MHATokenToKVPool", "MLATokenToKVPool")]      # GQA's cache, DeepSeek's latent cache
+    return lambda: [u() for u in undo]
 
 
 def _s03():
@@ -90,6 +98,14 @@ def _s04():
     return _patch_everywhere("sglang.srt.layers.moe.utils", "_post_experts_sum", make)
 
 
+def _s05():
+    def make(original):
+        def _post_experts_sum(hidden_states, *, reduce_ep, reduce_tp):
+            return hidden_states
+        return _post_experts_sum
+    return _patch_everywhere("sglang.srt.layers.moe.utils", "_post_experts_sum", make)
+
+
 @dataclass(frozen=True)
 class Mutant:
     id: str
@@ -102,6 +118,7 @@ MUTANTS = {m.id: m for m in (
     Mutant("S02", "KV cache writes land one slot later (set_kv_buffer loc + 1)", _s02),
     Mutant("S03", "DP rank rows taken from offset 0 of the gathered buffer (get_dp_local_info)", _s03),
     Mutant("S04", "MoE output summed twice (_post_experts_sum)", _s04),
+    Mutant("S05", "MoE output's sum skipped, partial sums kept (_post_experts_sum)", _s05),
 )}
 
 
@@ -132,4 +149,4 @@ def _patched(mutant: Mutant):
         undo()
 
 
-S01, S02, S03, S04 = (SGLangMutant(i) for i in MUTANTS)
+S01, S02, S03, S04, S05 = (SGLangMutant(i) for i in MUTANTS)

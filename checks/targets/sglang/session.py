@@ -10,7 +10,7 @@ shared-experts resolution, the stage-producer check) and loaded by the model cla
 Every rank runs the same job sequence, so the group creations (collective in torch) line up.
 
 What a ModelRunner would own and the units need is built here from SGLang's own classes, on the rank's device:
-`ReqToTokenPool`, `MHATokenToKVPool`, the `TokenToKVPoolAllocator` and the `TorchNativeAttnBackend` (its
+`ReqToTokenPool`, `MHATokenToKVPool` (`MLATokenToKVPool` for DeepSeek's latent attention), the `TokenToKVPoolAllocator` and the `TorchNativeAttnBackend` (its
 constructor reads only `device`, `req_to_token_pool` and `token_to_kv_pool` of a runner: `_PoolOwner`).
 """
 from __future__ import annotations
@@ -40,16 +40,18 @@ class Handle:
     unit: str
     env: BuildEnv
     placement: str | None = None     # an expert placement of PLACEMENTS, None: SGLang's trivial one
+    options: tuple[tuple[str, object], ...] = ()   # further server arguments (SGLangTarget.server_options)
 
 
-def build(unit: str, env: BuildEnv, placement: str | None = None) -> Handle:
-    return Handle(unit, env, placement)
+def build(unit: str, env: BuildEnv, placement: str | None = None, options: tuple = ()) -> Handle:
+    return Handle(unit, env, placement, tuple(options))
 
 
 def _rotated(config: dict) -> dict:
     """Every layer's experts rotated by half their number: physical slot p holds logical expert
     (p + E/2) mod E, so under EP every expert lives on another rank than in the trivial placement."""
-    n = config.get("num_experts") or config["num_local_experts"]
+    from dpep_parity.fixtures.families import num_experts
+    n = num_experts(config)
     return {"physical_to_logical_map": [[(p + n // 2) % n for p in range(n)]
                                         for _ in range(config["num_hidden_layers"])]}
 
@@ -87,13 +89,20 @@ class Pools:
         TokenToKVPoolAllocator = self.adapter.token_allocator_class()
         self.tokens, self.rows, self.context = (max(2 * tokens, 1024, self.tokens), max(2 * rows, 16, self.rows),
                                                 max(2 * context, 256, self.context))
-        attn = self.model.model.layers[0].self_attn.attn            # RadixAttention: this rank's head counts
+        attn = self.model.model.layers[0].self_attn
         dev = str(self.device)
         self.req_to_token = ReqToTokenPool(size=self.rows, max_context_len=self.context, device=dev,
                                            enable_memory_saver=False)
-        self.kv = MHATokenToKVPool(size=self.tokens, page_size=1, dtype=self.dtype, head_num=attn.tp_k_head_num,
-                                   head_dim=attn.qk_head_dim, layer_num=len(self.model.model.layers), device=dev,
-                                   enable_memory_saver=False, v_head_dim=attn.v_head_dim)
+        if is_mla(self.model):        # DeepSeek's latent cache: one [tokens, 1, kv_lora_rank + rope] buffer a layer
+            from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+            self.kv = MLATokenToKVPool(size=self.tokens, page_size=1, dtype=self.dtype, kv_lora_rank=attn.kv_lora_rank,
+                                       qk_rope_head_dim=attn.qk_rope_head_dim, layer_num=len(self.model.model.layers),
+                                       device=dev, enable_memory_saver=False)
+        else:                         # RadixAttention's head counts on this rank
+            self.kv = MHATokenToKVPool(size=self.tokens, page_size=1, dtype=self.dtype,
+                                       head_num=attn.attn.tp_k_head_num, head_dim=attn.attn.qk_head_dim,
+                                       layer_num=len(self.model.model.layers), device=dev,
+                                       enable_memory_saver=False, v_head_dim=attn.attn.v_head_dim)
         self.allocator = TokenToKVPoolAllocator(self.tokens, self.dtype, dev, self.kv, need_sort=False)
         self.backend = TorchNativeAttnBackend(_PoolOwner(dev, self.req_to_token, self.kv))
 
@@ -113,15 +122,21 @@ class Pools:
         self.allocator.clear()
         self.req_to_token.clear()
         self.req_to_token.req_to_token.zero_()
-        for buf in (*self.kv.k_buffer, *self.kv.v_buffer):
+        bufs = self.kv.kv_buffer if is_mla(self.model) else (*self.kv.k_buffer, *self.kv.v_buffer)
+        for buf in bufs:
             buf.fill_(float("nan"))
+
+
+def is_mla(model) -> bool:
+    """Whether the model's attention is multi-head latent attention (DeepSeek's DeepseekV2AttentionMLA)."""
+    return hasattr(model.model.layers[0].self_attn, "kv_lora_rank")
 
 
 class Session:
     """SGLang's state for one (layout, model config, dtype, device) in this process."""
 
-    def __init__(self, key, env: BuildEnv, placement: str | None):
-        self.key, self.env, self.placement = key, env, placement
+    def __init__(self, key, env: BuildEnv, placement: str | None, options: tuple = ()):
+        self.key, self.env, self.placement, self.options = key, env, placement, options
         self.model = None
         self.pools: Pools | None = None
         self.server_args = self.model_config = None
@@ -132,14 +147,14 @@ class Session:
 _SESSION: Session | None = None
 
 
-def _key(env: BuildEnv, placement: str | None):
+def _key(env: BuildEnv, placement: str | None, options: tuple = ()):
     cfg = hashlib.sha1(json.dumps(env.config, sort_keys=True).encode()).hexdigest()[:16]
-    return (env.layout, cfg, env.dtype, str(env.device), placement)
+    return (env.layout, cfg, env.dtype, str(env.device), placement, options)
 
 
-def session_for(env: BuildEnv, placement: str | None = None) -> Session:
+def session_for(env: BuildEnv, placement: str | None = None, options: tuple = ()) -> Session:
     global _SESSION
-    key = _key(env, placement)
+    key = _key(env, placement, options)
     if _SESSION is not None and _SESSION.key == key:
         return _SESSION
     if _SESSION is not None:
@@ -147,7 +162,7 @@ def session_for(env: BuildEnv, placement: str | None = None) -> Session:
         _teardown()
         STATS["teardown"].append(time.perf_counter() - t0)
         _SESSION = None
-    s = Session(key, env, placement)
+    s = Session(key, env, placement, options)
     _setup(s)
     _SESSION = s
     return s
@@ -216,7 +231,7 @@ def _setup(s: Session):
         tp_size=lay.tp, dp_size=lay.dp, enable_dp_attention=lay.dp > 1, ep_size=lay.ep,
         enable_dp_lm_head=lay.dp_lm_head, disable_cuda_graph=True, skip_tokenizer_init=True,
         disable_custom_all_reduce=dev.type == "cpu", attention_backend=ATTENTION_BACKEND,
-        load_format="dummy", **placement), env.rank, dev)
+        load_format="dummy", **placement, **dict(s.options)), env.rank, dev)
     # What ModelRunner.initialize does before it loads the model (maybe_init_expert_location_metadata): the
     # placement of every expert (SGLang's trivial one unless the server arguments name another), which
     # the weight loader and the router read.

@@ -33,7 +33,7 @@ from dpep_parity.checks.targets.sglang.session import Handle, session_for
 
 
 def run(h: Handle, step: Step) -> dict:
-    s = session_for(h.env, h.placement)
+    s = session_for(h.env, h.placement, h.options)
     with torch.no_grad():
         if step.serving is not None and h.unit == "model":
             out = serve_model(s, h.env, step)
@@ -109,7 +109,7 @@ def run_attention(s, env: BuildEnv, step: Step) -> dict:
         fb = forward_batch(s, batch, step.dp_rank, req_rows, None)
         x = _padded(x, fb.input_ids.shape[0])
         with running(s, fb):
-            y = attn(positions=fb.positions, hidden_states=x, forward_batch=fb) if x.shape[0] else x
+            y = s.adapter.attend(s, attn, fb, x) if x.shape[0] else x
             if y.shape[0]:
                 y = s.adapter.attention_sum(y, fb)
         return fb, y

@@ -96,8 +96,44 @@ class Adapter:
     def attention_sum(self, y, fb):
         raise NotImplementedError
 
+    def attend(self, s, attn, fb, x):
+        """One layer's self-attention on `x` (this rank's rows): SGLang's attention module called as its decoder
+        layer calls it. DeepSeek's latent attention (DeepseekV2AttentionMLA) reads its input from the attention-TP
+        context its layer's boundary fills, and takes the layer's zero allocator."""
+        if not hasattr(attn, "kv_lora_rank"):
+            return attn(positions=fb.positions, hidden_states=x, forward_batch=fb)
+        from sglang.srt.layers.layer_boundary import get_attn_tp_context
+        from sglang.srt.layers.layer_boundary.adapters.attention import AttentionInputs
+        ctx = get_attn_tp_context()
+        ctx.set_attn_inputs(AttentionInputs(x, fb, attn.prepare_qkv_latent))
+        try:
+            out = attn(positions=fb.positions, hidden_states=x, forward_batch=fb, zero_allocator=_zeros(x))
+        finally:
+            ctx.clear_attn_inputs()
+        return out[0] if isinstance(out, tuple) else out
+
+    def layer_forward(self, layer, fb, x):
+        """A decoder layer's forward as its model calls it: DeepSeek's takes the model's zero allocator and
+        returns (hidden, topk indices)."""
+        if "zero_allocator" not in _parameters(type(layer).forward):
+            return layer(fb.positions, x, fb)
+        out = layer(fb.positions, x, fb, _zeros(x))
+        return out[0] if isinstance(out, tuple) else out
+
     def decoder(self, s, layer, fb, x):
         raise NotImplementedError
+
+
+def _parameters(fn) -> dict:
+    import inspect
+    return inspect.signature(fn).parameters
+
+
+def _zeros(x):
+    """The BumpAllocator of zeros DeepseekV2Model.forward makes for its layers (deepseek_v2.py)."""
+    import torch
+    from sglang.srt.utils import BumpAllocator
+    return BumpAllocator(buffer_size=2, dtype=torch.float32, device=x.device)
 
 
 class StandIn:

@@ -63,10 +63,15 @@ class Release023(Adapter):
     def capture_kwargs(self, layer_cls, sink) -> dict:
         """The keyword that makes layer i hand `sink` the residual its attention boundary produced (layer i-1's
         output, on this rank's rows): Qwen3's layer names it capture_output and hands it to its boundary as
-        `capture`; Qwen2's layer passes its keywords to the boundary as they are."""
+        `capture`; Qwen2's layer passes its keywords to the boundary as they are. A layer with neither (DeepSeek's:
+        its capture point is the Eagle3 accumulator of gathered rows) gives no per-layer outputs."""
         import inspect
-        key = "capture_output" if "capture_output" in inspect.signature(layer_cls.forward).parameters else "capture"
-        return {key: lambda v, **_: sink(v)}
+        params = inspect.signature(layer_cls.forward).parameters
+        if "capture_output" in params:
+            return {"capture_output": lambda v, **_: sink(v)}
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return {"capture": lambda v, **_: sink(v)}
+        return {}
 
     # ------------------------------------------------------------ units
     def moe(self, s, fb, block, x: torch.Tensor, dp: int) -> torch.Tensor:
@@ -76,9 +81,11 @@ class Release023(Adapter):
         DP attention the MoE output's sum alone."""
         from sglang.srt.layers.layer_boundary import exit as sgl_exit
         from sglang.srt.layers.layer_boundary import ops as sgl_ops
-        from sglang.srt.layers.layer_boundary.layout import SumGroup
+        from sglang.srt.layers.layer_boundary.layout import SumGroup, is_dense_ffn_fully_dp
         from sglang.srt.layers.moe.utils import should_use_dp_reduce_scatterv
         from sglang.srt.runtime_context import get_exec
+        if is_dense_ffn_fully_dp() and not getattr(s.model.model.layers[s.env.layer], "is_layer_sparse", True):
+            return block(x, fb)     # --moe-dense-tp-size 1: a dense MLP replicated on each rank's own rows
         if dp == 1:
             return sgl_ops.sum_output(block(x, fb), SumGroup.MOE_OUTPUT, fb, may_quantize=False)
         y = block(sgl_ops.dp_gather(x.contiguous(), fb), fb)
@@ -103,7 +110,7 @@ class Release023(Adapter):
         from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
         got: list[torch.Tensor] = []
         residual_batch.start(fb)
-        y = layer(fb.positions, x, fb)
+        y = self.layer_forward(layer, fb, x)
         residual_batch.final_norm(y, fb, s.model.model.norm, capture=lambda v, **_: got.append(v.clone()),
                                   skip_empty=True)
         return got[0] if got else None
@@ -168,7 +175,7 @@ class Release021(Release022):
         from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
         got: list[torch.Tensor] = []
         residual_batch.start(fb)
-        y = layer(fb.positions, x, fb)
+        y = self.layer_forward(layer, fb, x)
         residual_batch.norm(y, fb, s.model.model.norm, capture_output=lambda v, **_: got.append(v.clone()),
                             skip_empty=True)
         return got[0] if got else None

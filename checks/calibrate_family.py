@@ -1,0 +1,137 @@
+"""Calibration of the tolerance model on a model family's real units: `python -m checks.calibrate --family F`.
+
+The GEMM calibration (checks.calibrate) shows the model's bound holds for one realistic GEMM; a family brings
+its own arithmetic around the GEMMs (GLM-4.5: a sigmoid router with a correction bias in float32, a routed
+scaling factor of 2.5, an ungated shared expert, partial rotary). Here the family's fixture runs through a target
+that implements it (default: the sglang target, the only one that implements every family) at every valid layout
+of world sizes 1, 2 and 4, in bfloat16 and float32, for the moe and decoder units, on deterministic batches
+with every DP rank busy and one DP rank idle. Three systems are judged:
+
+- the target itself (legitimate: another implementation of the same function, its own layouts' rounding): must
+  pass every example;
+- BIASED: the target's outputs moved 1 ulp toward +inf (torch.nextafter), inside the max-error bound: the bias
+  test must catch it on the pooled examples (at least one failed example per dtype and unit);
+- DOUBLED: the target's outputs times 2 (a reduction applied twice: SGLang #37187's class): must fail every
+  example with a row.
+
+The model holds when all three behave so. Printed: per dtype and unit, examples run, passes, and the worst
+excess over the bound (the target), the bias z (BIASED), the |sut|/|truth| ratio (DOUBLED).
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from dpep_parity.checks.batches import Batch, Request
+from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.targets.protocol import resolve
+from dpep_parity.checks.topology import valid_layouts
+from dpep_parity.fixtures.build import fixture_path
+from dpep_parity.fixtures.specs import FIXTURES, fixture_config, sparse_layers
+
+
+class _Planted:
+    """A target's outputs changed after it ran: `fault` maps each float output tensor to the planted one."""
+
+    def __init__(self, inner: str, fault, tag: str):
+        self.inner_name, self.fault, self.tag = inner, fault, tag
+
+    @property
+    def inner(self):
+        return resolve(self.inner_name)
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name}+{self.tag}"
+
+    @property
+    def units(self):
+        return self.inner.units
+
+    def __getattr__(self, key):           # padding_ties, harness_modules, skip_reason, unsupported_families
+        if key in ("inner_name", "fault", "tag"):
+            raise AttributeError(key)
+        return getattr(self.inner, key)
+
+    def build(self, unit, env):
+        return self.inner.build(unit, env)
+
+    def run(self, built, step):
+        out = self.inner.run(built, step)
+        return {k: self.fault(v) if k in ("out", "logits") and isinstance(v, torch.Tensor) else v
+                for k, v in out.items()}
+
+
+def _biased(x: torch.Tensor) -> torch.Tensor:
+    return torch.nextafter(x, torch.full_like(x, float("inf")))
+
+
+BIASED = {"sglang": _Planted("sglang", _biased, "biased-1ulp")}
+DOUBLED = {"sglang": _Planted("sglang", lambda x: x * 2, "doubled")}
+
+
+def examples(fixture: str, unit: str, n_per_layout: int = 1, seed: int = 0):
+    """Every valid layout of world sizes 1, 2, 4, each with `n_per_layout` batches (every DP rank busy; with
+    DP, also one with DP rank 1 idle), on a sparse layer and, where the family has one, a dense layer."""
+    rng = random.Random(f"{seed}-{fixture}-{unit}")
+    cfg = fixture_config(fixture)
+    sparse = sparse_layers(cfg)
+    layers = sorted({sparse.index(True), *([sparse.index(False)] if False in sparse else [])})
+    for ws in (1, 2, 4):
+        for lay in valid_layouts(ws, cfg):
+            for i in range(n_per_layout):
+                busy = tuple(tuple(Request(rng.choice([0, rng.randint(2, 24)]), rng.randint(8, 24))
+                                   for _ in range(rng.randint(1, 3))) for _ in range(lay.dp))
+                batches = [busy] + ([tuple(() if d == 1 else r for d, r in enumerate(busy))] if lay.dp > 1 else [])
+                for per in batches:
+                    yield lay, Batch(per, rng.randrange(2**16)), layers[i % len(layers)]
+
+
+def run(fixture: str, target: str = "sglang", dtypes=("bfloat16", "float32"), units=("moe", "decoder")) -> bool:
+    if fixture not in FIXTURES:
+        raise SystemExit(f"--family: unknown fixture {fixture!r}; known: {sorted(FIXTURES)}")
+    if target not in BIASED:
+        raise SystemExit(f"--family calibration knows the planted faults of targets {sorted(BIASED)}")
+    t0 = time.perf_counter()
+    model = str(fixture_path(fixture))
+    holds = True
+    print(f"family calibration: {fixture} through {target}, world sizes 1, 2, 4, every valid layout")
+    print(f"{'dtype':9} {'unit':8} {'examples':>8} | {'target pass':>11} {'worst excess':>12} | "
+          f"{'biased caught':>13} {'max |z|':>7} | {'doubled caught':>14} {'ratio':>6}")
+    for dtype in dtypes:
+        for unit in units:
+            n = passed = biased_caught = doubled_caught = 0
+            worst, zmax, ratio = 0.0, 0.0, []
+            for lay, batch, layer in examples(fixture, unit):
+                args = (unit, model, lay, batch, dtype, layer)
+                good = run_example(target, *args, deadline_s=300)
+                if good.skipped:
+                    continue
+                n += 1
+                passed += good.ok
+                if good.verdict is not None:
+                    worst = max(worst, good.verdict.worst_excess)
+                bad = run_example(f"checks.calibrate_family:BIASED_{target.upper()}", *args, deadline_s=300)
+                biased_caught += not bad.ok
+                if bad.verdict is not None:
+                    zmax = max(zmax, abs(bad.verdict.bias_z))
+                dbl = run_example(f"checks.calibrate_family:DOUBLED_{target.upper()}", *args, deadline_s=300)
+                doubled_caught += not dbl.ok
+                if dbl.verdict is not None:
+                    ratio.append(dbl.verdict.ratio)
+                print(f"  {dtype} {unit} {lay} [{batch.describe()}] L{layer}: target {'pass' if good.ok else 'FAIL'}"
+                      f", biased {'caught' if not bad.ok else 'passed'}, doubled "
+                      f"{'caught' if not dbl.ok else 'passed'}", flush=True)
+            row_ok = n > 0 and passed == n and biased_caught > 0 and doubled_caught == n
+            holds &= row_ok
+            r = f"{min(ratio):.3f}" if ratio else "-"
+            print(f"{dtype:9} {unit:8} {n:>8} | {passed:>5}/{n:<5} {worst:>12.3f} | {biased_caught:>6}/{n:<6} "
+                  f"{zmax:>7.1f} | {doubled_caught:>7}/{n:<6} {r:>6}  {'ok' if row_ok else 'MODEL BROKEN'}", flush=True)
+    print(f"{'model holds' if holds else 'MODEL BROKEN'} for {fixture}: the target passes every example, the 1-ulp "
+          f"bias is caught, the doubled reduction fails every example ({time.perf_counter() - t0:.0f}s)")
+    return holds
+
+
+BIASED_SGLANG, DOUBLED_SGLANG = BIASED["sglang"], DOUBLED["sglang"]
