@@ -8,11 +8,12 @@ of world sizes 1, 2 and 4, in bfloat16 and float32, for the moe and decoder unit
 with every DP rank busy and one DP rank idle. Three systems are judged:
 
 - the target itself (legitimate: another implementation of the same function, its own layouts' rounding): must
-  pass every example;
-- BIASED: the target's outputs moved 1 ulp toward +inf (torch.nextafter), inside the max-error bound: the bias
-  test must catch it on the pooled examples (at least one failed example per dtype and unit);
-- DOUBLED: the target's outputs times 2 (a reduction applied twice: SGLang #37187's class): must fail every
-  example with a row.
+  pass every example, or fail it only by a written-up finding of the target (its `known_failure`: SGLang's F2,
+  pad rows dispatched, is a dispatch count, not a tolerance);
+- BIASED: the target's outputs moved 1 ulp toward +inf (torch.nextafter), inside the max-error bound: the parity
+  check's bias test must catch it (at least one example per dtype and unit);
+- DOUBLED: the target's outputs times 2 (a reduction applied twice: SGLang #37187's class): the parity check must
+  fail every example.
 
 The model holds when all three behave so. Printed: per dtype and unit, examples run, passes, and the worst
 excess over the bound (the target), the bias z (BIASED), the |sut|/|truth| ratio (DOUBLED).
@@ -26,7 +27,7 @@ import torch
 
 from dpep_parity.checks.batches import Batch, Request
 from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.targets.protocol import resolve
+from dpep_parity.checks.targets.protocol import known_failure, resolve
 from dpep_parity.checks.topology import valid_layouts
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.specs import FIXTURES, fixture_config, sparse_layers
@@ -64,12 +65,21 @@ class _Planted:
                 for k, v in out.items()}
 
 
+def _parity_failed(res) -> bool:
+    """The tolerance model's own check failed (not another property: a planted output fault is judged by it)."""
+    return any(c.prop == "parity" for c in res.failures())
+
+
 def _biased(x: torch.Tensor) -> torch.Tensor:
     return torch.nextafter(x, torch.full_like(x, float("inf")))
 
 
-BIASED = {"sglang": _Planted("sglang", _biased, "biased-1ulp")}
-DOUBLED = {"sglang": _Planted("sglang", lambda x: x * 2, "doubled")}
+def _doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+BIASED = {t: _Planted(t, _biased, "biased-1ulp") for t in ("sglang", "spec")}
+DOUBLED = {t: _Planted(t, _doubled, "doubled") for t in ("sglang", "spec")}
 
 
 def examples(fixture: str, unit: str, n_per_layout: int = 1, seed: int = 0):
@@ -79,14 +89,16 @@ def examples(fixture: str, unit: str, n_per_layout: int = 1, seed: int = 0):
     cfg = fixture_config(fixture)
     sparse = sparse_layers(cfg)
     layers = sorted({sparse.index(True), *([sparse.index(False)] if False in sparse else [])})
+    k = 0                                      # examples so far: the layers take turns
     for ws in (1, 2, 4):
         for lay in valid_layouts(ws, cfg):
-            for i in range(n_per_layout):
+            for _ in range(n_per_layout):
                 busy = tuple(tuple(Request(rng.choice([0, rng.randint(2, 24)]), rng.randint(8, 24))
                                    for _ in range(rng.randint(1, 3))) for _ in range(lay.dp))
                 batches = [busy] + ([tuple(() if d == 1 else r for d, r in enumerate(busy))] if lay.dp > 1 else [])
                 for per in batches:
-                    yield lay, Batch(per, rng.randrange(2**16)), layers[i % len(layers)]
+                    yield lay, Batch(per, rng.randrange(2**16)), layers[k % len(layers)]
+                    k += 1
 
 
 def run(fixture: str, target: str = "sglang", dtypes=("bfloat16", "float32"), units=("moe", "decoder")) -> bool:
@@ -102,7 +114,7 @@ def run(fixture: str, target: str = "sglang", dtypes=("bfloat16", "float32"), un
           f"{'biased caught':>13} {'max |z|':>7} | {'doubled caught':>14} {'ratio':>6}")
     for dtype in dtypes:
         for unit in units:
-            n = passed = biased_caught = doubled_caught = 0
+            n = passed = explained = biased_caught = doubled_caught = 0
             worst, zmax, ratio = 0.0, 0.0, []
             for lay, batch, layer in examples(fixture, unit):
                 args = (unit, model, lay, batch, dtype, layer)
@@ -110,28 +122,33 @@ def run(fixture: str, target: str = "sglang", dtypes=("bfloat16", "float32"), un
                 if good.skipped:
                     continue
                 n += 1
-                passed += good.ok
+                known = known_failure(resolve(target), good, fixture, layer)
+                passed += good.ok or bool(known)
+                explained += bool(known)
                 if good.verdict is not None:
                     worst = max(worst, good.verdict.worst_excess)
                 bad = run_example(f"checks.calibrate_family:BIASED_{target.upper()}", *args, deadline_s=300)
-                biased_caught += not bad.ok
+                biased_caught += _parity_failed(bad)
                 if bad.verdict is not None:
                     zmax = max(zmax, abs(bad.verdict.bias_z))
                 dbl = run_example(f"checks.calibrate_family:DOUBLED_{target.upper()}", *args, deadline_s=300)
-                doubled_caught += not dbl.ok
+                doubled_caught += _parity_failed(dbl)
                 if dbl.verdict is not None:
                     ratio.append(dbl.verdict.ratio)
-                print(f"  {dtype} {unit} {lay} [{batch.describe()}] L{layer}: target {'pass' if good.ok else 'FAIL'}"
-                      f", biased {'caught' if not bad.ok else 'passed'}, doubled "
-                      f"{'caught' if not dbl.ok else 'passed'}", flush=True)
+                verdict = "pass" if good.ok else (f"xfail ({known})" if known else "FAIL")
+                print(f"  {dtype} {unit} {lay} [{batch.describe()}] L{layer}: target {verdict}, biased "
+                      f"{'caught' if _parity_failed(bad) else 'passed'}, doubled "
+                      f"{'caught' if _parity_failed(dbl) else 'passed'}", flush=True)
             row_ok = n > 0 and passed == n and biased_caught > 0 and doubled_caught == n
             holds &= row_ok
             r = f"{min(ratio):.3f}" if ratio else "-"
             print(f"{dtype:9} {unit:8} {n:>8} | {passed:>5}/{n:<5} {worst:>12.3f} | {biased_caught:>6}/{n:<6} "
-                  f"{zmax:>7.1f} | {doubled_caught:>7}/{n:<6} {r:>6}  {'ok' if row_ok else 'MODEL BROKEN'}", flush=True)
+                  f"{zmax:>7.1f} | {doubled_caught:>7}/{n:<6} {r:>6}  {'ok' if row_ok else 'MODEL BROKEN'}"
+                  f"{f' ({explained} of the passes are known findings of the target)' if explained else ''}", flush=True)
     print(f"{'model holds' if holds else 'MODEL BROKEN'} for {fixture}: the target passes every example, the 1-ulp "
           f"bias is caught, the doubled reduction fails every example ({time.perf_counter() - t0:.0f}s)")
     return holds
 
 
-BIASED_SGLANG, DOUBLED_SGLANG = BIASED["sglang"], DOUBLED["sglang"]
+BIASED_SGLANG, DOUBLED_SGLANG, BIASED_SPEC, DOUBLED_SPEC = BIASED["sglang"], DOUBLED["sglang"], BIASED["spec"], \
+    DOUBLED["spec"]
