@@ -37,9 +37,9 @@ FP32_SUMS = ("grouped_mm", "batched_mm")   # transformers' experts that add a to
 
 def padded_bmm_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                top_k_weights: torch.Tensor) -> torch.Tensor:
-    if self.has_bias or self.is_transposed or not self.has_gate:
-        raise NotImplementedError(f"{PADDED}: gated, unbiased, untransposed experts only "
-                                  f"({type(self).__name__}); use experts_implementation='eager'")
+    if not self.has_gate:
+        raise NotImplementedError(f"{PADDED}: gated experts only ({type(self).__name__}); use "
+                                  "experts_implementation='eager'")
     n, k = top_k_index.shape
     n_experts = self.gate_up_proj.shape[0]
     flat = top_k_index.reshape(-1)
@@ -54,8 +54,15 @@ def padded_bmm_experts_forward(self, hidden_states: torch.Tensor, top_k_index: t
         rows = int(per_expert.max())                                    # the one host sync
         x = hidden_states.new_zeros(n_experts, rows, hidden_states.shape[-1])
         x[expert, within] = hidden_states[slot // k]
-        h = self._apply_gate(torch.bmm(x, self.gate_up_proj.transpose(1, 2)))
-        y = torch.bmm(h, self.down_proj.transpose(1, 2))[expert, within]
+        # weights as stored: [E, out, in] (x W^T), or [E, in, out] (x W) for transposed experts (GPT-OSS);
+        # biased experts (GPT-OSS) add their expert's bias after each GEMM, as the eager loop does
+        gate_up = torch.bmm(x, self.gate_up_proj if self.is_transposed else self.gate_up_proj.transpose(1, 2))
+        if self.has_bias:
+            gate_up = gate_up + self.gate_up_proj_bias[:, None]
+        y = torch.bmm(self._apply_gate(gate_up), self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2))
+        if self.has_bias:
+            y = y + self.down_proj_bias[:, None]
+        y = y[expert, within]
         out[slot] = y * top_k_weights.reshape(-1)[slot, None].to(y.dtype)
     return out.view(n, k, hidden_states.shape[-1]).sum(dim=1).to(hidden_states.dtype)
 

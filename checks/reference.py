@@ -27,6 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from dpep_parity.checks import oracle_experts
 from dpep_parity.checks.batches import DTYPES, Batch
+from dpep_parity.fixtures import families
 
 
 @dataclass
@@ -99,20 +100,36 @@ class _Float64Torch:
         return torch.float64 if name == "float32" else getattr(torch, name)
 
 
+@contextlib.contextmanager
+def _tensor_float_is_float64():
+    """`Tensor.float()` returns float64 inside: MiniMax-M2's router writes its float32 cast as a tensor method
+    (`sigmoid(router_logits.float())`), which no module global redirects. Only the truth's router forward runs
+    under it (single-threaded oracle code); restored on exit."""
+    before = torch.Tensor.float
+    torch.Tensor.float = lambda self, *a, **kw: self.to(torch.float64)
+    try:
+        yield
+    finally:
+        torch.Tensor.float = before
+
+
 def _float64_throughout(model) -> None:
     """The float64 truth runs the modules its family names (fixtures.families: `float32_modules`) with their
-    own forward code, its float32 casts read as float64: the truth must not round where the reference keeps
-    float32 (it would be no truth for a float32 test)."""
+    own forward code, its float32 casts (`torch.float32`, `Tensor.float()`) read as float64: the truth must
+    not round where the reference keeps float32 (it would be no truth for a float32 test)."""
     import types
 
-    from dpep_parity.fixtures import families
     names = set(families.get(model.config).float32_modules)
     for mod in model.modules():
         if type(mod).__name__ in names:
             fn = type(mod).forward
             code = types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch()}, fn.__name__,
                                       fn.__defaults__, fn.__closure__)
-            mod.forward = types.MethodType(code, mod)
+
+            def forward(self, *args, _code=code, **kwargs):
+                with _tensor_float_is_float64():
+                    return _code(self, *args, **kwargs)
+            mod.forward = types.MethodType(forward, mod)
 
 
 def resolve_device(device: str | None) -> str:
@@ -159,7 +176,7 @@ class Oracle:
         for model, dt in self._both():
             block = model.model.layers[layer].mlp
             with _RouterTap(model) as tap:
-                outs.append(block(x.to(dt).to(_dev(model))[None]).reshape(x.shape[0], -1).cpu())
+                outs.append(_hidden(block(x.to(dt).to(_dev(model))[None])).reshape(x.shape[0], -1).cpu())
             probs.append(tap.probs(layer))
         return UnitRef(outs[0], outs[1], [tuple(probs)] if probs[0] is not None else [])
 
@@ -255,7 +272,7 @@ class Oracle:
         for extra in (1, 7):
             decoys = torch.randn(extra, x.shape[1], generator=g, dtype=torch.float64).to(dt)
             with self._decoy_experts() if extra == 7 else contextlib.nullcontext():
-                out.append(block(torch.cat([x.to(dt), decoys]).to(_dev(model))[None])[0, : x.shape[0]].cpu())
+                out.append(_hidden(block(torch.cat([x.to(dt), decoys]).to(_dev(model))[None]))[0, : x.shape[0]].cpu())
         return out
 
     @torch.no_grad()
@@ -297,6 +314,26 @@ def experts_as(model, experts: str | None):
         model.set_experts_implementation(before)
 
 
+def _hidden(out):
+    """A block's hidden states: GPT-OSS's MLP returns (hidden states, router scores)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def layer_mask(model, layer: int, mask: torch.Tensor) -> torch.Tensor:
+    """The attention mask transformers' model hands layer `layer`: `mask` (causal over right-padded requests)
+    with the sliding window on the layers whose `layer_types` entry is sliding_attention (GPT-OSS). transformers'
+    eager attention enforces the window only through this mask, which its model builds per layer type
+    (`create_sliding_window_causal_mask`: key k visible from query q when q - window < k <= q); a unit that calls
+    a layer directly must build it as the model would."""
+    types, window = getattr(model.config, "layer_types", None), getattr(model.config, "sliding_window", None)
+    if not types or not window or types[layer] != "sliding_attention":
+        return mask
+    n = mask.shape[-1]
+    pos = torch.arange(n, device=mask.device)
+    outside = pos[None, :] <= pos[:, None] - window
+    return mask.masked_fill(outside, torch.finfo(mask.dtype).min)
+
+
 def _keep_output(store: dict, i: int):
     def hook(mod, inp, out):
         store[i] = (out[0] if isinstance(out, tuple) else out).detach()
@@ -320,19 +357,20 @@ def _merge_router(truth_taps, ref_taps, n_layers):
 
 
 class _RouterTap:
-    """Captures the router's choice scores of every sparse layer during one forward (forward hooks on `mlp.gate`:
+    """Captures the router's choice scores of every sparse layer during one forward (forward hooks on the block's
+    router, `mlp.gate` or as the family names it:
     its logits, turned into the scores whose top-k is the choice by the model's family). `probs` hands them out
     as a softmax over the scores: for a softmax router the router's probabilities, for a sigmoid router with a
     correction bias a distribution whose log-ratios are the score margins (what the near-tie test reads)."""
 
     def __init__(self, model):
-        from dpep_parity.fixtures import families
         self.model, self.handles, self.logits = model, [], {}
         self.choice = families.get(model.config).choice_scores
 
     def __enter__(self):
+        router = families.get(self.model.config).router
         for i, layer in enumerate(self.model.model.layers):
-            gate = getattr(layer.mlp, "gate", None)
+            gate = getattr(layer.mlp, router, None)
             if gate is not None and hasattr(gate, "top_k"):
                 self.handles.append(gate.register_forward_hook(self._hook(i)))
         return self
@@ -340,7 +378,7 @@ class _RouterTap:
     def _hook(self, i):
         def hook(mod, inp, out):
             logits = out[0] if isinstance(out, tuple) else out
-            self.logits[i] = self.choice(mod, logits.detach().reshape(-1, logits.shape[-1]))
+            self.logits[i] = self.choice(mod, logits.detach().reshape(-1, logits.shape[-1]), inp)
         return hook
 
     def probs(self, layer: int, start: int = 0, stop: int | None = None):

@@ -581,6 +581,12 @@ class SpecTarget:
                     "and ungated shared experts run under the sglang target",
         "deepseek_v3": "the spec implements Qwen2-MoE / Qwen3-MoE only (GQA attention, softmax router); "
                        "DeepSeek-V3's latent attention and group-limited sigmoid routing run under the sglang target",
+        "minimax_m2": "the spec implements Qwen2-MoE / Qwen3-MoE only (per-head qk-norm, softmax router); "
+                      "MiniMax-M2's whole-projection qk-norm, partial rotary and biased sigmoid routing run under "
+                      "the sglang target",
+        "gpt_oss": "the spec implements Qwen2-MoE / Qwen3-MoE only (full causal attention, unbiased experts); "
+                   "GPT-OSS's sliding windows, attention sinks, router bias and clamped biased experts run under "
+                   "the sglang target",
     }
     sessions = True          # keeps KV caches across the steps of a serving session (run_model)
     model_class = SpecModel

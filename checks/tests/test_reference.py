@@ -251,3 +251,21 @@ def test_truth_runs_float32_routers_in_float64():
     assert torch.allclose(w64, chosen / chosen.sum(-1, keepdim=True) * truth.routed_scaling_factor, rtol=1e-13)
     qwen = oracle("qwen3-moe").truth_model.model.layers[0].mlp.gate
     assert "forward" not in vars(qwen)
+
+
+@torch.no_grad()
+def test_truth_runs_tensor_float_casts_in_float64():
+    """MiniMax-M2's router writes its float32 cast as `router_logits.float()`: the truth reads that as float64
+    too, and only inside the router (a float32 tensor made elsewhere stays float32). The correction bias the
+    block hands its router is the checkpoint's (transformers renames MiniMax's names on load)."""
+    x = torch.randn(16, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    block = oracle("minimax-m2").truth_model.model.layers[0].mlp
+    shipped = hf_model("minimax-m2", torch.float64, float64_routers=False).model.layers[0].mlp
+    bias = block.e_score_correction_bias
+    assert bias.abs().max() > 0 and torch.equal(bias, shipped.e_score_correction_bias)
+    (_, w32, _), (logits, w64, i64) = shipped.gate(x, bias), block.gate(x, bias)
+    assert (w32.dtype, w64.dtype) == (torch.float32, torch.float64)
+    chosen = torch.sigmoid(logits).gather(1, i64)
+    assert torch.allclose(w64, chosen / chosen.sum(-1, keepdim=True), rtol=1e-14, atol=0)
+    assert not torch.allclose(w32.double(), w64, rtol=1e-12, atol=0)
+    assert torch.ones(2).float().dtype == torch.float32

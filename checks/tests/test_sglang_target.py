@@ -6,6 +6,7 @@ Skipped without a supported sglang (scripts/install_sglang_cpu.sh); CI installs 
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -41,6 +42,18 @@ FAMILY_KILLS = {
         ("S03", Layout(2, 2, 2), "dp0:0+3 dp1:2+2 seed=6", ("moe", "decoder", "model")),
         ("S04", Layout(2, 2, 1), "dp0:0+3,2+2 dp1:0+2 seed=5", ("moe", "decoder", "model")),
         ("S05", Layout(2, 1, 2), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),
+    ],
+    "minimax-m2": [
+        ("S02", Layout(2, 1, 1), "dp0:0+3,2+2 seed=5", ("attention", "decoder", "model")),   # qk-norm over TP
+        ("S03", Layout(2, 2, 2), "dp0:0+3 dp1:2+2 seed=6", ("moe", "decoder", "model")),
+        ("S04", Layout(2, 2, 1), "dp0:0+3,2+2 dp1:0+2 seed=5", ("moe", "decoder", "model")),
+        ("S05", Layout(2, 1, 2), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),
+    ],
+    "gpt-oss": [       # no EP layout: GPT-OSS with EP disagrees on 0.5.23, not yet diagnosed (docs/sglang.md)
+        ("S02", Layout(2, 1, 1), "dp0:0+6,5+3 seed=5", ("attention", "decoder", "model")),   # sinks, window
+        ("S03", Layout(2, 2, 1), "dp0:0+3 dp1:2+2 seed=6", ("moe", "decoder", "model")),
+        ("S04", Layout(2, 1, 1), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),   # #37187's class
+        ("S05", Layout(2, 1, 1), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),
     ],
 }
 
@@ -95,3 +108,50 @@ def test_finding_f3_torch_native_backend_has_no_fill_value():
     requests; TorchNativeAttnBackend has no answer (no CPU method, the base class's CUDA method raises)."""
     out = subprocess.run([sys.executable, "-c", F3_PROBE], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "F3 reproduced" in out.stdout, out.stderr[-3000:]
+
+
+def _example(fixture, unit, layout, text, dtype="float32", layer=0):
+    return run_example("sglang", unit, str(fixture_path(fixture)), Layout.parse(layout), parse_batch(text), dtype,
+                       layer, deadline_s=300)
+
+
+def test_findings_of_the_gpt_oss_and_minimax_files_reproduce():
+    """F6 (MiniMax-M2's lm_head ignores dp-lm-head) and F8 (GPT-OSS's sinks kept in bf16) fail the suite's
+    checks with their signatures, F6 recognised by `findings.explained` (the suite marks it expected); the same
+    examples without the trigger pass (positive controls)."""
+    from dpep_parity.checks.targets.sglang import findings
+    f6 = _example("minimax-m2", "model", "tp2-dp2-ep1-dplmhead", "dp0:0+3 dp1:0+2 seed=3")
+    assert [c.prop for c in f6.failures()] == ["ownership"] and "returned (3, 256), owes (3, 512)" in f6.report()
+    assert findings.explained(f6, "minimax-m2") == findings.F6
+    assert findings.explained(f6, "gpt-oss") is None          # F6 is MiniMax's model file only
+    assert _example("minimax-m2", "model", "tp2-dp2-ep1", "dp0:0+3 dp1:0+2 seed=3").ok
+    f8 = _example("gpt-oss-fp32-sinks", "attention", "tp1-dp1-ep1", "dp0:0+6 seed=1")
+    assert [c.prop for c in f8.failures()] == ["parity"] and findings.explained(f8, "gpt-oss-fp32-sinks") is None
+    assert _example("gpt-oss", "attention", "tp1-dp1-ep1", "dp0:0+6 seed=1").ok
+
+
+def _shipped(*args):
+    """A replay with the target's workarounds off: SGLang as shipped."""
+    cmd = [sys.executable, "-m", "dpep_parity.checks.replay", "--target", "sglang", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "DPEP_SGLANG_WORKAROUNDS": "off"})
+    return out.returncode, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("finding,args,signature,control", [
+    # F7: unquantized GPT-OSS with EP does not load (SGLang #22784)
+    ("F7", ("--unit", "moe", "--fixture", "gpt-oss", "--layout", "tp2-dp1-ep2", "--dtype", "float32", "--layer",
+            "1", "--batch", "dp0:0+7 seed=1"), "weight_loader_fused", ("gpt-oss", "moe", "tp2-dp1-ep2", "dp0:0+7 seed=1",
+                                                                     "float32", 1)),
+    # F9: GPT-OSS's router takes config.json's dtype (float32 here), served in bfloat16
+    ("F9", ("--unit", "moe", "--fixture", "gpt-oss", "--layout", "tp1-dp1-ep1", "--dtype", "bfloat16", "--layer",
+            "0", "--batch", "dp0:0+3 seed=1"), "mat1 and mat2 must have the same dtype",
+     ("gpt-oss", "moe", "tp1-dp1-ep1", "dp0:0+3 seed=1", "bfloat16", 0)),
+])
+def test_findings_worked_around_reproduce_as_shipped(finding, args, signature, control):
+    """With the workarounds off (SGLang as shipped) the finding's example crashes with its signature; with the
+    target's workaround the same example passes."""
+    rc, text = _shipped(*args)
+    assert rc != 0 and signature in text, (finding, text[-3000:])
+    fixture, unit, layout, batch, dtype, layer = control
+    assert _example(fixture, unit, layout, batch, dtype=dtype, layer=layer).ok, finding

@@ -1,9 +1,11 @@
 """One decoder layer (norm, attention, residual, norm, MLP block, residual) on each request."""
+from dpep_parity.checks.reference import layer_mask
 from dpep_parity.checks.units import Unit
 
 
 def _decoder(layer):
-    return lambda model, h, pe, mask: model.model.layers[layer](h, attention_mask=mask, position_embeddings=pe)
+    return lambda model, h, pe, mask: model.model.layers[layer](
+        h, attention_mask=layer_mask(model, layer, mask), position_embeddings=pe)
 
 
 UNIT = Unit("decoder", 2, "sequences",

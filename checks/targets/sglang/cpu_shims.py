@@ -2,7 +2,8 @@
 logic under test (group maps, gathers, scatters, reductions, padding modes, expert placement): each shim
 replaces a device kernel or a device lookup that has no CPU path in sglang 0.5.23, and names the SGLang
 function it stands in for. `install(device)` applies them only for device == "cpu"; on CUDA SGLang runs
-unpatched. `install_import_shims()` is import-time and runs before sglang is imported.
+unpatched but for the torch-native backend's stand-ins (`_BACKEND_SHIMS`: attention sinks, which the backend
+the target runs on every device lacks) and the workarounds of diagnosed bugs. `install_import_shims()` is import-time and runs before sglang is imported.
 """
 from __future__ import annotations
 
@@ -140,8 +141,9 @@ def own_cpu_paths_only() -> bool:
 
 def install(device: str) -> list[str]:
     """Apply the run-time shims for `device` (CPU shims only when device is cpu), the gloo transport shims
-    when the world's process groups are gloo, and the workarounds of diagnosed SGLang bugs (every device);
-    returns the names applied."""
+    when the world's process groups are gloo, the torch-native backend's stand-ins (every device: the target
+    runs that backend everywhere) and the workarounds of diagnosed SGLang bugs (every device); returns the
+    names applied."""
     import torch.distributed as dist
     gloo = dist.is_initialized() and dist.get_backend() == "gloo"
     done = []
@@ -149,17 +151,133 @@ def install(device: str) -> list[str]:
     fixes = [] if os.environ.get("DPEP_SGLANG_WORKAROUNDS") == "off" else _WORKAROUNDS
     # DPEP_SGLANG_SHIMS_OFF=name,...: these stand-ins not applied (the museum's F5 exhibit); unknown names refused
     off = {n for n in os.environ.get("DPEP_SGLANG_SHIMS_OFF", "").split(",") if n}
-    unknown = off - {n for n, _ in _SHIMS + _GLOO_SHIMS}
+    named = _SHIMS + _GLOO_SHIMS + _BACKEND_SHIMS
+    unknown = off - {n for n, _ in named}
     if unknown:
         raise ValueError(f"DPEP_SGLANG_SHIMS_OFF: unknown shims {sorted(unknown)}; known: "
-                         f"{sorted(n for n, _ in _SHIMS + _GLOO_SHIMS)}")
-    for name, fn in fixes + (_GLOO_SHIMS if gloo else []) + (_SHIMS if device == "cpu" else []):
+                         f"{sorted(n for n, _ in named)}")
+    for name, fn in fixes + _BACKEND_SHIMS + (_GLOO_SHIMS if gloo else []) + (_SHIMS if device == "cpu" else []):
         if name in off:
             continue
         if name not in _INSTALLED:
             _INSTALLED[name] = fn()
         done.append(name)
     return done
+
+
+# ---------------------------------------------------------------- the torch-native backend (any device)
+_SINKS: list = [None]      # the calling layer's attention sinks while its backend call runs (one thread)
+
+
+def _torch_native_attention_sinks():
+    """Stands in for attention sinks in SGLang's torch-native backend, which GPT-OSS needs and the backend
+    lacks: `GptOssAttention` calls `self.attn(..., sinks=self.sinks)`, RadixAttention hands the keyword to the
+    backend, and TorchNativeAttnBackend.forward_extend / forward_decode take no `sinks` (TypeError). Every backend
+    SGLang allows GPT-OSS (triton, fa3, trtllm_mha, ...) is a device kernel with no CPU build here. The stand-in
+    is the Triton kernels' contract (kernels/ops/attention/extend_attention.py and decode_attention.py: the
+    sink joins the softmax's denominator, `deno += exp(sink - max)`, and gets no value): the backend's forward
+    takes `sinks`, and its per-request SDPA call computes softmax([scores, sink_h])[..., :-1] @ v in float32,
+    one rounding to the query dtype, under the backend's own mask (causal, or its sliding window). Which rows,
+    cache slots, window and heads (the rank's shard of the sinks) stay SGLang's."""
+    import torch
+    from sglang.srt.layers.attention import torch_native_backend as tnb
+
+    sdpa = tnb.scaled_dot_product_attention
+
+    def scaled_dot_product_attention(q, k, v, attn_mask=None, enable_gqa=False, scale=None, is_causal=False,
+                                     **kw):
+        sinks = _SINKS[0]
+        if sinks is None:
+            return sdpa(q, k, v, attn_mask=attn_mask, enable_gqa=enable_gqa, scale=scale, is_causal=is_causal, **kw)
+        heads, kv_heads = q.shape[-3], k.shape[-3]
+        if heads != kv_heads:
+            k, v = (t.repeat_interleave(heads // kv_heads, dim=-3) for t in (k, v))
+        scores = (q.float() @ k.float().transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        if attn_mask is None and is_causal:
+            attn_mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        sink = sinks.float().view(heads, 1, 1).expand(*scores.shape[:-1], 1)
+        p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        return (p @ v.float()).to(q.dtype)
+
+    scaled_dot_product_attention.__wrapped__ = sdpa
+    tnb.scaled_dot_product_attention = scaled_dot_product_attention
+    cls = tnb.TorchNativeAttnBackend
+    for name in ("forward_extend", "forward_decode"):
+        original = getattr(cls, name)
+
+        def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, _original=original,
+                    **kw):
+            _SINKS[0] = sinks
+            try:
+                return _original(self, q, k, v, layer, forward_batch, save_kv_cache, **kw)
+            finally:
+                _SINKS[0] = None
+        forward.__wrapped__ = original
+        setattr(cls, name, forward)
+    return "TorchNativeAttnBackend.forward_extend/forward_decode take sinks: Triton's contract in torch"
+
+
+def _gpt_oss_backend_check():
+    """With the sinks stand-in above the torch-native backend serves GPT-OSS, but SGLang's server-argument
+    check refuses it (arg_groups/model_hook.py, GptOssForCausalLM: "torch_native has neither sliding window nor
+    attention sinks"; its sliding window it has: TorchNativeAttnBackend._make_sliding_window_mask). The stand-in
+    shows that check (and model_hook's only other caller, Gemma4's check) a Triton backend where the server
+    arguments say torch_native; the server arguments, and every other reader of the backend, keep torch_native."""
+    def shown(backends):
+        return tuple("triton" if b == "torch_native" else b for b in backends)
+
+    try:
+        from sglang.srt.arg_groups import model_hook
+        original = model_hook.attention_backends_of
+    except (ImportError, AttributeError):
+        return _gpt_oss_backend_check_in_server_args(shown)
+
+    def attention_backends_of(view):
+        return shown(original(view))
+    attention_backends_of.__wrapped__ = original
+    model_hook.attention_backends_of = attention_backends_of
+    return "model_hook.attention_backends_of: torch_native shown as triton to the GPT-OSS check"
+
+
+def _gpt_oss_backend_check_in_server_args(shown):
+    """Releases before the arg groups (0.5.11 - 0.5.18) make the same check in
+    `ServerArgs._handle_model_specific_adjustments`, reading the instance's resolved backends: for a GPT-OSS
+    model only, and only during that call, the instance answers with torch_native shown as triton."""
+    from sglang.srt.server_args import ServerArgs
+    original = getattr(ServerArgs, "_handle_model_specific_adjustments", None)
+    # the check's reader: get_attention_backends (0.5.11 - 0.5.14, 0.5.16 - 0.5.18), _resolved_attention_backends
+    # (0.5.15)
+    readers = [n for n in ("get_attention_backends", "_resolved_attention_backends") if hasattr(ServerArgs, n)]
+    if original is None or not readers:
+        return "no GPT-OSS backend check found: not applied"
+
+    def _handle_model_specific_adjustments(self, *args, **kwargs):
+        try:
+            arch = self.get_model_config().hf_config.architectures[0]
+        except Exception:                   # no model config to read: SGLang's own path decides
+            arch = None
+        if arch != "GptOssForCausalLM":
+            return original(self, *args, **kwargs)
+        def reader(read):
+            return lambda: shown(read(self))
+        for name in readers:
+            setattr(self, name, reader(getattr(type(self), name)))
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            for name in readers:
+                delattr(self, name)
+    _handle_model_specific_adjustments.__wrapped__ = original
+    ServerArgs._handle_model_specific_adjustments = _handle_model_specific_adjustments
+    return "ServerArgs._handle_model_specific_adjustments: torch_native shown as triton to the GPT-OSS check"
+
+
+_BACKEND_SHIMS: list = [
+    ("torch_native_attention_sinks", _torch_native_attention_sinks),
+    ("gpt_oss_backend_check", _gpt_oss_backend_check),
+]
 
 
 # ---------------------------------------------------------------- gloo process groups (any device)
@@ -209,8 +327,40 @@ def _torch_native_seq_len_fill_value():
     return "TorchNativeAttnBackend.get_{cuda,cpu}_graph_seq_len_fill_value -> 1 (F3)"
 
 
+def _fused_experts_under_ep():
+    """Works around finding F7 (docs/findings.md, SGLang #22784): `FusedMoE.weight_loader_fused`, the loader of
+    checkpoints that hold every expert in one tensor (unquantized GPT-OSS), narrows the TP dimension but never
+    selects the rank's experts, so under EP it copies E experts into a buffer of E / ep and fails. The
+    workaround hands it the rank's experts first, in its physical slot order under SGLang's published expert
+    placement (physical slot -> logical expert: `get_global_expert_location_metadata`), as SGLang's MXFP4 loader
+    slices by `moe_ep_rank`; what the loader does with them (TP narrowing, transposes, the w2 bias on MoE-TP
+    rank 0 only) stays SGLang's."""
+    import torch
+    try:
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    except ImportError:
+        return "no FusedMoE: not applied"
+    original = getattr(FusedMoE, "weight_loader_fused", None)
+    if original is None:
+        return "no FusedMoE.weight_loader_fused: not applied"
+
+    def weight_loader_fused(self, param, loaded_weight, weight_name, shard_id, *args, **kwargs):
+        local = param.data.shape[0]
+        if getattr(self, "moe_ep_size", 1) > 1 and loaded_weight.dim() >= 2 and loaded_weight.shape[0] != local:
+            from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+            slots = torch.arange(self.moe_ep_rank * local, (self.moe_ep_rank + 1) * local)
+            placed = get_global_expert_location_metadata()
+            experts = slots if placed is None else placed.physical_to_logical_map[self.layer_id].cpu()[slots]
+            loaded_weight = loaded_weight.index_select(0, experts.to(loaded_weight.device))
+        return original(self, param, loaded_weight, weight_name, shard_id, *args, **kwargs)
+    weight_loader_fused.__wrapped__ = original
+    FusedMoE.weight_loader_fused = weight_loader_fused
+    return "FusedMoE.weight_loader_fused: the rank's experts selected under EP"
+
+
 _WORKAROUNDS: list = [
     ("torch_native_seq_len_fill_value", _torch_native_seq_len_fill_value),
+    ("fused_experts_under_ep", _fused_experts_under_ep),
 ]
 
 
@@ -480,9 +630,43 @@ def _mla_torch_native_dispatch():
     return "AttentionBackendRegistry['torch_native'] = _dispatch_mla_subtype"
 
 
+def _minimax_qk_norm_torch():
+    """Stands in for MiniMax-M2's qk-norm Triton kernels (models/minimax_m2.py `rms_sumsq_serial`,
+    `rms_apply_serial`, which assert CUDA): Triton has no CPU driver, and SGLang's CPU path for this norm is
+    sgl-kernel's AMX build (`_forward_cpu`, not installable here). The stand-in computes what the kernels
+    compute, in their precision: per row the float32 sum of squares of q and of k into one float32 buffer
+    padded to a multiple of 4 ([q rows | k rows | pad]), then x * rsqrt(sum_sq / D / tp_world + eps) * w in
+    float32, one rounding to the input dtype. The attention-TP all-reduce of the sums between the two calls
+    (what makes the RMS span every head of the whole projection) stays SGLang's."""
+    import torch
+    try:
+        from sglang.srt.models import minimax_m2
+    except ImportError:                  # a release without MiniMax-M2: nothing to stand in for
+        return "no models.minimax_m2: not applied"
+
+    def rms_sumsq_serial(x1, x2):
+        B, B2 = x1.shape[0], x2.shape[0]
+        out = torch.zeros((B + B2 + 3) // 4 * 4, dtype=torch.float32, device=x1.device)
+        out[:B] = x1.float().pow(2).sum(-1)
+        out[B:B + B2] = x2.float().pow(2).sum(-1)
+        return out
+
+    def rms_apply_serial(x1, x2, w1, w2, sum_sq, tp_world=1, eps=1e-5):
+        B, D1, D2 = x1.shape[0], x1.shape[1], x2.shape[1]
+        inv1 = torch.rsqrt(sum_sq[:B] / D1 / tp_world + eps)[:, None]
+        inv2 = torch.rsqrt(sum_sq[B:2 * B] / D2 / tp_world + eps)[:, None]
+        return (x1.float() * inv1 * w1.float()).to(x1.dtype), (x2.float() * inv2 * w2.float()).to(x2.dtype)
+
+    for fn in (rms_sumsq_serial, rms_apply_serial):
+        fn.__wrapped__ = getattr(minimax_m2, fn.__name__)
+        setattr(minimax_m2, fn.__name__, fn)
+    return "minimax_m2.rms_sumsq_serial/rms_apply_serial: torch, fp32 like the kernels"
+
+
 _SHIMS: list = [
     ("rotary_cpu_platform", _rotary_cpu_platform),
     ("mla_torch_native_dispatch", _mla_torch_native_dispatch),
+    ("minimax_qk_norm_torch", _minimax_qk_norm_torch),
     ("shared_expert_gate_torch", _shared_expert_gate_torch),
     ("coordinator_cpu_collectives", _coordinator_cpu_collectives),
     ("reduce_scatterv_without_pynccl", _reduce_scatterv_without_pynccl),

@@ -200,6 +200,20 @@ def _config_dir(config: dict) -> str:
     return d
 
 
+def _served_config(config: dict, dtype: torch.dtype) -> dict:
+    """config.json as SGLang reads it. Works around finding F9 (docs/findings.md): GPT-OSS builds its router with
+    `params_dtype=config.dtype` (models/gpt_oss.py, GptOssSparseMoeBlock), the checkpoint's dtype, not the served
+    one, so serving in another dtype fails at the first MoE step (mat1 and mat2 dtypes differ); the workaround is
+    what a user would do, a config.json saying the served dtype. DPEP_SGLANG_WORKAROUNDS=off: as shipped."""
+    if config.get("model_type") not in F9_ARCHS or os.environ.get("DPEP_SGLANG_WORKAROUNDS") == "off":
+        return config
+    name = _DTYPE_NAMES[dtype]
+    return {**config, "dtype": name, "torch_dtype": name}
+
+
+F9_ARCHS = ("gpt_oss",)
+
+
 def _quiet_sglang() -> None:
     """SGLang's start-up advice (NUMA, chunked-prefill sizes, unsupported quantizations, model modules that do
     not import here) is written by every rank at every layout change; keep its errors only, unless
@@ -227,7 +241,7 @@ def _setup(s: Session):
     placement = {} if s.placement is None else {
         "init_expert_location": json.dumps(PLACEMENTS[s.placement](env.config))}
     s.adapter.setup(s, dict(
-        model_path=_config_dir(env.config), device=dev.type, dtype=_DTYPE_NAMES[env.dtype],
+        model_path=_config_dir(_served_config(env.config, env.dtype)), device=dev.type, dtype=_DTYPE_NAMES[env.dtype],
         tp_size=lay.tp, dp_size=lay.dp, enable_dp_attention=lay.dp > 1, ep_size=lay.ep,
         enable_dp_lm_head=lay.dp_lm_head, disable_cuda_graph=True, skip_tokenizer_init=True,
         disable_custom_all_reduce=dev.type == "cpu", attention_backend=ATTENTION_BACKEND,

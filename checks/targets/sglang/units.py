@@ -86,7 +86,7 @@ def run_moe(s, env: BuildEnv, step: Step) -> dict:
     lay = env.layout
     x = step.inputs[0].to(env.dtype).to(env.device)
     n = x.shape[0]
-    block = s.model.model.layers[env.layer].mlp
+    block = ffn_block(s.model.model.layers[env.layer])
     rows = request_rows(s.pools, len(step.requests))
     fb = forward_batch(s, step.batch, step.dp_rank, rows, None)
     x = _padded(x, fb.input_ids.shape[0])          # this rank's rows after SGLang's padding
@@ -280,9 +280,15 @@ class _LayerCapture:
 
 
 # ---------------------------------------------------------------- instrumentation
+def ffn_block(layer):
+    """A decoder layer's MLP or MoE block: `mlp` in most of SGLang's model files, `block_sparse_moe` in
+    MiniMax-M2's (and Mixtral's)."""
+    block = getattr(layer, "mlp", None)
+    return block if block is not None else getattr(layer, "block_sparse_moe", None)
+
+
 def _experts(layer):
-    mlp = getattr(layer, "mlp", None)
-    return getattr(mlp, "experts", None)
+    return getattr(ffn_block(layer), "experts", None)
 
 
 class _nothing:
@@ -295,7 +301,7 @@ class _nothing:
 
 class Taps:
     """What SGLang's MoE blocks did in one forward, read by forward hooks (instrumentation only):
-    - routing: the top-k experts SGLang's router (`mlp.topk`, a TopK module) chose, for this rank's own
+    - routing: the top-k experts SGLang's router (the block's `topk`, a TopK module) chose, for this rank's own
       rows of the buffer the block ran on (the DP-gathered buffer under DP attention), sorted per row;
     - expert counts: rows each local expert received, from what the token dispatcher hands the expert
       runner (StandardDispatcher.dispatch output; local ids under EP, -1 for dropped slots).
@@ -327,7 +333,7 @@ class Taps:
             experts = _experts(model_layers[i])
             if experts is None:
                 continue
-            topk = model_layers[i].mlp.topk
+            topk = ffn_block(model_layers[i]).topk
 
             def hook(mod, args, out, i=i):
                 ids = getattr(out, "topk_ids", None)

@@ -15,6 +15,7 @@ import torch
 import torch.distributed
 
 from dpep_parity.checks.batches import SUM_LEN
+from dpep_parity.checks.targets.sglang.eras import _parameters
 from dpep_parity.checks.targets.sglang.eras.communicator import Release016
 
 
@@ -88,7 +89,10 @@ class Release015(Release016):
         lc = s.model.model.layers[s.env.layer].layer_communicator
         g = self._global_dp_buffer()
         dp_gather_replicate(g, x.contiguous(), fb)
-        y = block(g, fb, use_reduce_scatter=lc.should_use_reduce_scatter(fb))
+        # GPT-OSS's block takes no reduce-scatter decision (its layer passes should_allreduce_fusion only)
+        rs = {"use_reduce_scatter": lc.should_use_reduce_scatter(fb)} \
+            if "use_reduce_scatter" in _parameters(type(block).forward) else {}
+        y = block(g, fb, **rs)
         out, _ = lc.postprocess_layer(y, None, fb)
         return out
 
