@@ -22,6 +22,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class Request:
     prefix: int
     extend: int
+    stream: int | None = None     # whose contents: the random stream of its inputs (None: its global index).
+                                  # The invariance properties place one request's contents in other batches.
 
     @property
     def total(self) -> int:
@@ -83,7 +85,8 @@ class Batch:
     def describe(self) -> str:
         parts = []
         for d, reqs in enumerate(self.per_dp):
-            parts.append(f"dp{d}:" + ("idle" if not reqs else ",".join(f"{r.prefix}+{r.extend}" for r in reqs)))
+            parts.append(f"dp{d}:" + ("idle" if not reqs else ",".join(
+                f"{r.prefix}+{r.extend}" + ("" if r.stream is None else f"@{r.stream}") for r in reqs)))
         return " ".join(parts) + f" seed={self.seed}"
 
 
@@ -123,17 +126,23 @@ def seq_inputs(batch: Batch, hidden: int, dtype: torch.dtype, scale: float = 1.0
     for j, (_, _, r) in enumerate(batch.requests_flat()):
         if only is not None and j not in only:
             continue
+        k = contents(r, j)
         parts = [] if extend_only or not r.prefix else \
-            [torch.randn(r.prefix, hidden, generator=_stream(batch.seed, j, 0), dtype=torch.float32)]
-        parts.append(torch.randn(r.extend, hidden, generator=_stream(batch.seed, j, 1), dtype=torch.float32))
+            [torch.randn(r.prefix, hidden, generator=_stream(batch.seed, k, 0), dtype=torch.float32)]
+        parts.append(torch.randn(r.extend, hidden, generator=_stream(batch.seed, k, 1), dtype=torch.float32))
         out.append((torch.cat(parts) * scale).to(dtype))
     return out
 
 
 def seq_token_ids(batch: Batch, vocab: int, only=None) -> list[torch.Tensor]:
     """Per request (global order; only the indices in `only`, if given): token ids [prefix + extend]."""
-    return [torch.randint(0, vocab, (r.total,), generator=_stream(batch.seed, j, 0))
+    return [torch.randint(0, vocab, (r.total,), generator=_stream(batch.seed, contents(r, j), 0))
             for j, (_, _, r) in enumerate(batch.requests_flat()) if only is None or j in only]
+
+
+def contents(r: Request, j: int) -> int:
+    """The stream key of request `r` at global index `j`: its own `stream` if it names one."""
+    return j if r.stream is None else r.stream
 
 
 def parse_batch(text: str) -> Batch:
@@ -150,10 +159,13 @@ def parse_batch(text: str) -> Batch:
             if reqs == "idle":
                 per.append(())
                 continue
-            pairs = [r.split("+") for r in reqs.split(",")]
-            if any(len(p) != 2 or not all(x.isdigit() for x in p) for p in pairs):
-                raise ValueError("requests are PREFIX+EXTEND, comma-separated")
-            per.append(tuple(Request(int(a), int(b)) for a, b in pairs))
+            pairs = [r.partition("@") for r in reqs.split(",")]
+            shapes = [a.split("+") for a, _, _ in pairs]
+            if any(len(p) != 2 or not all(x.isdigit() for x in p) for p in shapes) or \
+                    any(at and not stream.isdigit() for _, at, stream in pairs):
+                raise ValueError("requests are PREFIX+EXTEND or PREFIX+EXTEND@STREAM, comma-separated")
+            per.append(tuple(Request(int(a), int(b), int(st) if at else None)
+                             for (a, b), (_, at, st) in zip(shapes, pairs)))
         except ValueError as e:
             raise ValueError(f"batch part {part!r}: {e} (the form is 'dp0:0+5,3+1 dp1:idle seed=1')") from None
     if not per:

@@ -64,6 +64,15 @@ def pytest_configure(config):
     profiles.apply_max_examples()
     config.addinivalue_line("markers", "gpu: production-size tier, needs CUDA (--device cuda|auto); "
                                        "skipped on CPU runs")
+    if not hasattr(config, "workerinput"):
+        # the invariance properties' drift log: one file per run, inherited by xdist's workers (started after
+        # this hook), read back by pytest_terminal_summary
+        import tempfile
+
+        from dpep_parity.checks.invariance import DRIFT_LOG
+        fd, path = tempfile.mkstemp(prefix="dpep-drift-", suffix=".jsonl")
+        os.close(fd)
+        os.environ[DRIFT_LOG] = config._dpep_drift_log = path
     device = config.getoption("--device")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if device in ("cuda", "auto") and worker:
@@ -163,10 +172,29 @@ def _test_id(report) -> str:
     return f"{report.location[0]}{nodeid}" if nodeid.startswith("::") else nodeid
 
 
+def _drift_table(config) -> str:
+    """The drift the invariance properties measured on a target that promised none (checks.invariance)."""
+    path = getattr(config, "_dpep_drift_log", None)
+    if not path or not os.path.exists(path) or not os.path.getsize(path):
+        return ""
+    from dpep_parity.checks.invariance import table_of_log
+    return table_of_log(path).markdown()
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_dpep_drift_log", None)
+    if path and os.path.exists(path):
+        os.unlink(path)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Leave <rootdir>/reports/property-suite.json for the sign-off report to embed (property tests only)."""
     if hasattr(config, "workerinput"):
         return
+    drift = _drift_table(config)
+    if drift:
+        terminalreporter.write_sep("-", "invariance drift (information: the target promises no such invariance)")
+        terminalreporter.write_line(drift)
     stats = terminalreporter.stats
     props = {k: [r for r in stats.get(k, []) if _is_property_test(r)]
              for k in ("passed", "failed", "skipped", "error")}
@@ -184,6 +212,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                        f"(target {config.getoption('--target')}, profile {settings.get_current_profile_name()}, "
                        f"world sizes {config.getoption('--world-sizes')})",
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts,
-            "failed_tests": [_test_id(r) for r in props["failed"]]}, indent=2))
+            "failed_tests": [_test_id(r) for r in props["failed"]], "invariance_drift": drift}, indent=2))
     except OSError as e:
         terminalreporter.write_line(f"dpep: could not write {out}: {e}")

@@ -94,13 +94,19 @@ def describe_backends(world_sizes, gpus: int) -> str:
 
 class World:
     """N rank processes. `run(job)` sends the same job to every rank and returns their results."""
+    after_error_s = 10.0        # see __init__ (a class default for worlds that define their own __init__)
 
     def __init__(self, size: int, device: str = "cpu", deadline_s: float = 120.0, quiet_s: float = 1.5,
-                 rank_env: dict[str, str] | None = None):
+                 rank_env: dict[str, str] | None = None, after_error_s: float = 10.0):
         self.size = size
         self.device = device
         self.deadline_s = deadline_s
         self.quiet_s = quiet_s
+        # Once a rank has raised, the example's verdict is that error whatever the others do: they get this
+        # long to finish or raise too, then the world ends them. A rank left waiting on the one that raised,
+        # outside any collective the recorder sees (SGLang's own transports), would otherwise hold the
+        # example until its deadline (minutes) for no further evidence. A liveness budget, not a tolerance.
+        self.after_error_s = after_error_s
         self.rank_env = rank_env or {}
         self.backend, self.rank_device = choose_backend(size, device)
         self._procs: list[mp.Process] = []
@@ -188,6 +194,7 @@ class World:
         states = [_RankState() for _ in range(self.size)]
         deadline = time.monotonic() + (deadline_s or self.deadline_s)
         last_event = time.monotonic()
+        first_error = None
         conn_rank = {id(c): r for r, c in enumerate(self._conns)}
         while not all(s.finished for s in states):
             ready = wait(self._conns, timeout=0.2)
@@ -211,6 +218,13 @@ class World:
             hang = diagnose(states, quiet=now - last_event >= self.quiet_s)
             if hang:
                 self._fail("hang", hang, states)
+            if first_error is None and any(s.error for s in states):
+                first_error = now
+            if first_error is not None and now - first_error > self.after_error_s:
+                raised = ", ".join(str(r) for r, s in enumerate(states) if s.error)
+                self._fail("rank-error", f"rank(s) {raised} raised and the others did not finish within "
+                           f"{self.after_error_s:.0f}s of it (waiting on it outside a recorded collective, or "
+                           "still computing)\n" + where_is_everyone(states), states)
             if now > deadline:
                 self._fail("deadline", f"example exceeded its {deadline_s or self.deadline_s:.0f}s deadline\n"
                            + where_is_everyone(states), states)

@@ -43,6 +43,11 @@ def accept(unit: str, ex, res, known: str | None = None, steer: bool = True) -> 
     return judged(unit, ex, res, steer)
 
 
+def tally_real() -> None:
+    """Count a real example of a property that judges something other than parity (the invariances)."""
+    _tally[REAL] += 1
+
+
 def judged(unit: str, ex, res, steer: bool = True) -> float | None:
     """Count a real example, label what it covered, and steer the search by its error-to-bound ratio
     (hypothesis allows one target() per label and test case: a caller judging several forwards in one case

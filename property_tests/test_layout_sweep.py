@@ -19,10 +19,19 @@ from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.targets.protocol import UNITS, known_failure, resolve
 from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
-from dpep_parity.fixtures.specs import DEFAULT_SUITE
+from dpep_parity.fixtures.specs import DEFAULT_SUITE, FIXTURES
 from dpep_parity.property_tests.strategies import Example, layouts_for
 
 CASES = [(f, lay) for f in sorted(DEFAULT_SUITE) for lay in layouts_for(f, (1, 2, 4))]
+
+
+def pytest_generate_tests(metafunc):
+    """The sweep's cases are the run's fixtures (--models, else the default suite), so a fixture outside the
+    default suite (MiniMax-M2, GPT-OSS) is swept when named; an unknown name is the suite option's error."""
+    if "layout" in metafunc.fixturenames and "fixture" in metafunc.fixturenames:
+        named = [f for f in metafunc.config.getoption("--models").split(",") if f] or sorted(DEFAULT_SUITE)
+        cases = [(f, lay) for f in sorted(set(named)) if f in FIXTURES for lay in layouts_for(f, (1, 2, 4))]
+        metafunc.parametrize("fixture,layout", cases, ids=[f"{f}-{lay}" for f, lay in cases])
 
 
 def extend_step(dp: int) -> Batch:
@@ -50,7 +59,6 @@ def test_sweep_reaches_both_padding_modes_an_idle_rank_and_dp_lm_head():
     assert [lay.dp_lm_head for lay in unit_layouts(Layout(2, 2, 1), "model")] == [False, True]
 
 
-@pytest.mark.parametrize("fixture,layout", CASES, ids=[f"{f}-{l}" for f, l in CASES])
 def test_every_layout(suite, fixture, layout):
     if fixture not in suite.fixtures or layout.tp not in suite.world_sizes:
         pytest.skip("outside this run's --models / --world-sizes")

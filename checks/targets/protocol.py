@@ -41,6 +41,12 @@ Optional: `unsupported_families: dict[str, str]` (model_type -> why): model fami
 target does not implement. The suite leaves those fixtures out of its draws for the target (the pytest header
 names them with the reason) and skips an example of one with that reason.
 
+Optional: `invariances: frozenset[str]` (of "batch", "placement", "layout") and `invariant_layouts` (groups of
+layout names, or a function of the model's config returning them): what the target promises bitwise, whatever is
+co-batched with a request, wherever it is placed, and across the layouts of each group. The invariance properties
+(property_tests/test_invariance.py, checks/invariance.py) fail a broken promise and measure the drift of a target
+that promises nothing.
+
 Optional: `known_failure(result, fixture, layer) -> str | None`: a diagnosed bug of the target (written up
 in docs/findings.md) that explains every failed check of this result; the suite reports it as an
 expected failure with that text instead of a new failure.

@@ -142,9 +142,9 @@ class SpecModel:
         qs = slice(qh.start * self.hd, qh.stop * self.hd)
         kr = self.kv_head_range()
         ks = slice(kr.start * self.hd, kr.stop * self.hd)
-        q = linear(x, self.W(p + "q_proj.weight", qs), self.W(p + "q_proj.bias", qs) if self.has(p + "q_proj.bias") else None)
-        k = linear(x, self.W(p + "k_proj.weight", ks), self.W(p + "k_proj.bias", ks) if self.has(p + "k_proj.bias") else None)
-        v = linear(x, self.W(p + "v_proj.weight", ks), self.W(p + "v_proj.bias", ks) if self.has(p + "v_proj.bias") else None)
+        q = self.linear(x, self.W(p + "q_proj.weight", qs), self.W(p + "q_proj.bias", qs) if self.has(p + "q_proj.bias") else None)
+        k = self.linear(x, self.W(p + "k_proj.weight", ks), self.W(p + "k_proj.bias", ks) if self.has(p + "k_proj.bias") else None)
+        v = self.linear(x, self.W(p + "v_proj.weight", ks), self.W(p + "v_proj.bias", ks) if self.has(p + "v_proj.bias") else None)
         q, k, v = (t.view(t.shape[0], -1, self.hd) for t in (q, k, v))
         q, k = self.qk_norm_and_rope(i, q, k, pos)
         return q, k, v
@@ -156,6 +156,10 @@ class SpecModel:
             q = self.norm(q, self.W(p + "q_norm.weight"))
             k = self.norm(k, self.W(p + "k_norm.weight"))
         return self.rope(q, pos), self.rope(k, pos)
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """Every projection of the model (`linear`); the batch-invariant variant computes it row by row."""
+        return linear(x, w, b)
 
     def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """Every RMSNorm of the model (precision mutants override it)."""
@@ -199,7 +203,7 @@ class SpecModel:
         o = torch.cat(outs) if outs else torch.zeros(0, qh.stop - qh.start, self.hd, dtype=self.dt, device=self.dev)
         o = o.reshape(o.shape[0], (qh.stop - qh.start) * self.hd)
         cols = slice(qh.start * self.hd, qh.stop * self.hd)
-        return linear(o, self.W(f"model.layers.{i}.self_attn.o_proj.weight", cols=cols))
+        return self.linear(o, self.W(f"model.layers.{i}.self_attn.o_proj.weight", cols=cols))
 
     def attend(self, qs: list[torch.Tensor], ks: list[torch.Tensor], vs: list[torch.Tensor], prefixes: list[int]):
         """Eager causal attention with GQA, as transformers computes it (softmax in fp32), for every request
@@ -302,13 +306,13 @@ class SpecModel:
     # ---------- MLPs ----------
     def dense_mlp(self, i: int, x: torch.Tensor, prefix: str, inter: int, parts: int, idx: int):
         s = self.shard(inter, parts, idx)
-        gate = linear(x, self.W(prefix + "gate_proj.weight", s))
-        up = linear(x, self.W(prefix + "up_proj.weight", s))
-        return linear(F.silu(gate) * up, self.W(prefix + "down_proj.weight", cols=s))
+        gate = self.linear(x, self.W(prefix + "gate_proj.weight", s))
+        up = self.linear(x, self.W(prefix + "up_proj.weight", s))
+        return self.linear(F.silu(gate) * up, self.W(prefix + "down_proj.weight", cols=s))
 
     def route(self, i: int, x: torch.Tensor):
         """Replicated router: softmax in fp32, top-k, optional renormalisation (transformers' router)."""
-        logits = linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
+        logits = self.linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
         probs = self.router_probs(logits)
         w, ids = torch.topk(probs, self.topk, dim=-1)
         self._route_ids = ids          # reported (sorted, this rank's rows) as the unit's "routing"
@@ -334,7 +338,7 @@ class SpecModel:
         return self.lay.tp, self.rank
 
     def shared_gate(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(linear(x, self.W(f"model.layers.{i}.mlp.shared_expert_gate.weight")))
+        return torch.sigmoid(self.linear(x, self.W(f"model.layers.{i}.mlp.shared_expert_gate.weight")))
 
     def moe(self, i: int, x: torch.Tensor, n_real: int, counts: dict):
         """This rank's partial of the MoE block on all gathered rows; rows >= n_real are padding and are
@@ -541,7 +545,7 @@ class SpecModel:
 
     def vocab_parallel(self, h, parts, idx, group):
         W = self.W("lm_head.weight", self.shard(self.cfg["vocab_size"], parts, idx))
-        part = linear(h, W)
+        part = self.linear(h, W)
         if parts == 1:
             return part
         rows, cols = part.shape

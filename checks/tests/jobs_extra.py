@@ -43,3 +43,41 @@ class DieOnRank:
             os._exit(3)
         dist.all_reduce(torch.ones(2))
         return 0
+
+
+@dataclass(frozen=True)
+class SGLangLoaderWrites:
+    """Load the fixture in `model_dir` into SGLang's model at `layout` (a fresh session: checks.targets.sglang
+    .session), handing the loader a copy of the checkpoint as checks.unitjob does, and return this rank's names
+    of the tensors the load changed in that copy: a loader that writes into its input (finding F10)."""
+    model_dir: str
+    layout: object
+    dtype: str = "float32"
+
+    def __call__(self, ctx):
+        from dpep_parity.checks.batches import DTYPES
+        from dpep_parity.checks.targets.protocol import BuildEnv
+        from dpep_parity.checks.targets.sglang import session
+        from dpep_parity.checks.unitjob import load_weights, make_groups
+        config, weights = load_weights(self.model_dir)
+        groups = make_groups(ctx, self.layout)
+        handed = {name: t.clone() for name, t in weights.items()}
+        env = BuildEnv(config, handed, self.layout, ctx.rank, groups, DTYPES[self.dtype], torch.device("cpu"), 0)
+        session._teardown_at_exit()       # a session of this key from an earlier example would not load again
+        session.session_for(env)
+        return sorted(name for name, t in handed.items() if not torch.equal(t, weights[name]))
+
+
+@dataclass(frozen=True)
+class RaiseWhileOthersWait:
+    """Rank `bad` raises at once; the others wait `wait_s` outside any collective (as ranks waiting on it
+    through a transport the recorder does not see)."""
+    bad: int
+    wait_s: float
+
+    def __call__(self, ctx):
+        import time
+        if ctx.rank == self.bad:
+            raise ValueError(f"boom on rank {ctx.rank}")
+        time.sleep(self.wait_s)
+        return 0

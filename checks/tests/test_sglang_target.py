@@ -49,11 +49,11 @@ FAMILY_KILLS = {
         ("S04", Layout(2, 2, 1), "dp0:0+3,2+2 dp1:0+2 seed=5", ("moe", "decoder", "model")),
         ("S05", Layout(2, 1, 2), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),
     ],
-    "gpt-oss": [       # no EP layout: GPT-OSS with EP disagrees on 0.5.23, not yet diagnosed (docs/sglang.md)
+    "gpt-oss": [       # EP through the F7 workaround
         ("S02", Layout(2, 1, 1), "dp0:0+6,5+3 seed=5", ("attention", "decoder", "model")),   # sinks, window
-        ("S03", Layout(2, 2, 1), "dp0:0+3 dp1:2+2 seed=6", ("moe", "decoder", "model")),
-        ("S04", Layout(2, 1, 1), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),   # #37187's class
-        ("S05", Layout(2, 1, 1), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),
+        ("S03", Layout(2, 2, 2), "dp0:0+3 dp1:2+2 seed=6", ("moe", "decoder", "model")),
+        ("S04", Layout(2, 2, 1), "dp0:0+3,2+2 dp1:0+2 seed=5", ("moe", "decoder", "model")),   # #37187's class
+        ("S05", Layout(2, 1, 2), "dp0:0+3,2+2 seed=5", ("moe", "decoder", "model")),
     ],
 }
 
@@ -141,8 +141,8 @@ def _shipped(*args):
 @pytest.mark.parametrize("finding,args,signature,control", [
     # F7: unquantized GPT-OSS with EP does not load (SGLang #22784)
     ("F7", ("--unit", "moe", "--fixture", "gpt-oss", "--layout", "tp2-dp1-ep2", "--dtype", "float32", "--layer",
-            "1", "--batch", "dp0:0+7 seed=1"), "weight_loader_fused", ("gpt-oss", "moe", "tp2-dp1-ep1", "dp0:0+7 seed=1",
-                                                                     "float32", 1)),   # the same without EP
+            "1", "--batch", "dp0:0+7 seed=1"), "weight_loader_fused", ("gpt-oss", "moe", "tp2-dp1-ep2", "dp0:0+7 seed=1",
+                                                                     "float32", 1)),   # through the workaround
     # F9: GPT-OSS's router takes config.json's dtype (float32 here), served in bfloat16
     ("F9", ("--unit", "moe", "--fixture", "gpt-oss", "--layout", "tp1-dp1-ep1", "--dtype", "bfloat16", "--layer",
             "0", "--batch", "dp0:0+3 seed=1"), "mat1 and mat2 must have the same dtype",
@@ -150,10 +150,27 @@ def _shipped(*args):
 ])
 def test_findings_worked_around_reproduce_as_shipped(finding, args, signature, control):
     """With the workarounds off (SGLang as shipped) the finding's example crashes with its signature, and the
-    example without its trigger passes: F9 the same example with the workaround (config.json saying the served
-    dtype), F7 the same batch without EP (through the F7 workaround GPT-OSS's EP results still disagree on some
-    runs, not yet diagnosed: docs/sglang.md)."""
+    same example passes through the target's workaround: F9 with config.json saying the served dtype, F7 with
+    the rank's experts handed to the fused loader."""
     rc, text = _shipped(*args)
     assert rc != 0 and signature in text, (finding, text[-3000:])
     fixture, unit, layout, batch, dtype, layer = control
     assert _example(fixture, unit, layout, batch, dtype=dtype, layer=layer).ok, finding
+
+
+def test_finding_f10_gpt_oss_loader_zeroes_its_input_and_builds_do_not_share_it():
+    """F10 (docs/findings.md): GPT-OSS's load_weights zeroes the down-projection bias it is handed, in place, on
+    MoE-TP ranks > 0. Negative control: at tp2 (MoE TP 2) rank 1's copy of that tensor comes back changed, rank
+    0's does not; with EP (MoE TP 1) no rank's does. The suite's side: every build loads its own copy
+    (checks.unitjob), so an EP build after a TP build on the same pooled rank still loads the bias and passes
+    (before that, the EP build loaded zeros and failed at |sut|/|truth| ~0.997, depending on test order)."""
+    from dpep_parity.checks.tests.jobs_extra import SGLangLoaderWrites
+    from dpep_parity.checks.world import get_world
+    model = str(fixture_path("gpt-oss"))
+    world = get_world(2, "cpu", 300)
+    tp = [r.value for r in world.run(SGLangLoaderWrites(model, Layout.parse("tp2")))]
+    assert tp[0] == [] and tp[1] and all(n.endswith("mlp.experts.down_proj_bias") for n in tp[1]), tp
+    ep = [r.value for r in world.run(SGLangLoaderWrites(model, Layout.parse("tp2-dp1-ep2")))]
+    assert ep == [[], []], ep
+    for layout in ("tp2", "tp2-dp1-ep2"):      # in this order, on the same world
+        assert _example("gpt-oss", "moe", layout, "dp0:0+3,2+2 seed=5", layer=1).ok, layout

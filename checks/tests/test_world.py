@@ -100,6 +100,31 @@ def test_rank_error_returns_the_traceback_with_the_rank(world):
     assert not any(running(p) for p in pids)
 
 
+def test_ranks_left_waiting_on_a_raised_rank_end_soon_after_it():
+    """A rank raised and the others wait outside every recorded collective: the world ends them after its
+    after-error budget with the rank's traceback, instead of holding the example to its deadline (MiniMax-M2's
+    F6 crash left such ranks for the whole 300 s). Control: a rank that raises while the others finish within
+    the budget is reported as before, the world not restarted."""
+    from dpep_parity.checks.tests.jobs_extra import RaiseWhileOthersWait
+    with World(2, deadline_s=120, after_error_s=2) as w:
+        pids = w.start().pids()
+        t0 = time.perf_counter()
+        with pytest.raises(WorldFailure) as e:
+            w.run(RaiseWhileOthersWait(1, 100))
+        took = time.perf_counter() - t0
+        msg = str(e.value)
+        assert e.value.kind == "rank-error" and "did not finish within 2s" in msg, msg
+        assert "ValueError: boom on rank 1" in msg and "rank 0: computing" in msg, msg
+        assert 2 <= took < 15, took
+        assert not any(running(p) for p in pids)
+        starts = w.starts
+        with pytest.raises(WorldFailure) as e:
+            w.run(RaiseWhileOthersWait(1, 0.2))
+        assert "did not finish within" not in str(e.value) and "boom on rank 1" in str(e.value)
+        assert w.starts == starts + 1            # started again after the ranks it ended, not after this one
+        assert [r.value for r in w.run(SumRanks())] == [1.0, 1.0] and w.starts == starts + 1
+
+
 def test_shape_mismatch_names_both_shapes(world):
     pids = world.start().pids()
     with pytest.raises(WorldFailure) as e:

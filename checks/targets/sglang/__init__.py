@@ -62,10 +62,12 @@ class SGLangTarget:
     given to SGLang as --init-expert-location (None: its trivial placement); `server_options`: further server
     arguments, (name, value) pairs of ServerArgs (an option SGLang offers under DP attention)."""
 
-    def __init__(self, placement: str | None = None, server_options: tuple = (), name: str | None = None):
+    def __init__(self, placement: str | None = None, server_options: tuple = (), name: str | None = None,
+                 invariances: tuple = ()):
         self.placement = placement
         self.server_options = tuple(server_options)
         self.name = name or ("sglang" if placement is None else f"sglang-{placement}-experts")
+        self.invariances = frozenset(invariances)     # what this configuration promises (checks/invariance.py)
 
     # This package is glue around SGLang: an ImportError / AttributeError / TypeError raised in it means an
     # adapter does not fit the installed release, a harness error, never a verdict on SGLang (protocol).
@@ -120,3 +122,9 @@ ROTATED_EXPERTS = SGLangTarget(placement="rotated")
 # The same with the dense layers' MLP fully data-parallel (--moe-dense-tp-size 1: replicated weights, each DP
 # rank's rows alone, no gather and no sum), SGLang's option for models with dense layers (DeepSeek, GLM).
 DENSE_FULLY_DP = SGLangTarget(server_options=(("moe_dense_tp_size", 1),), name="sglang-moe-dense-tp1")
+# SGLang's deterministic inference (--enable-deterministic-inference: batch-invariant GEMM / log-softmax / mean
+# kernels, fixed-split attention): a request's output independent of its batch, what the mode promises (its
+# docs; TP invariance is an open request, #15041). It needs a deterministic attention backend (FA3, FlashInfer,
+# Triton, ...) and Triton kernels: on a CPU host SGLang refuses to start it (docs/property-suite.md).
+DETERMINISTIC = SGLangTarget(server_options=(("enable_deterministic_inference", True),),
+                             name="sglang-deterministic", invariances=("batch",))
