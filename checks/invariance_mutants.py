@@ -69,38 +69,35 @@ class ExpertSumByTokenCount(BatchInvariant):
         return local if load is None else sorted(local, key=lambda e: (-load[e], e))
 
 
+class _SplitKWhile(BatchInvariant):
+    """BatchInvariant whose GEMMs split K (row by row) while a mutant's trigger holds during one of its steps."""
+    _split_k = False
+
+    def _split_k_during(self, on: bool, step, *args):
+        self._split_k = on
+        try:
+            return step(*args)
+        finally:
+            self._split_k = False
+
+    def linear(self, x, w, b=None):
+        return _split_rows(x, w, b) if self._split_k else super().linear(x, w, b)
+
+
 @mutant("I03", "reduction-order-by-dp-rank",
         "the attention's projections split K on odd DP ranks (a reduction keyed to the rank that runs it)",
         kills=("placement",))
-class ReductionOrderByDpRank(BatchInvariant):
+class ReductionOrderByDpRank(_SplitKWhile):
     def attention(self, i, step, xs):
-        self._odd = self.dp_rank % 2 == 1
-        try:
-            return super().attention(i, step, xs)
-        finally:
-            self._odd = False
-
-    def linear(self, x, w, b=None):
-        if getattr(self, "_odd", False):
-            return _split_rows(x, w, b)
-        return super().linear(x, w, b)
+        return self._split_k_during(self.dp_rank % 2 == 1, super().attention, i, step, xs)
 
 
 @mutant("I04", "gemm-blocking-by-padding",
         "the MLP's GEMMs split K when the MAX_LEN buffer holds more than one row per DP rank (blocking chosen "
         "from the padded size)", kills=("placement", "batch"))
-class GemmBlockingByPadding(BatchInvariant):
+class GemmBlockingByPadding(_SplitKWhile):
     def mlp_padded(self, i, buf, step, counts):
-        self._padded = buf.shape[0] > self.lay.dp
-        try:
-            return super().mlp_padded(i, buf, step, counts)
-        finally:
-            self._padded = False
-
-    def linear(self, x, w, b=None):
-        if getattr(self, "_padded", False):
-            return _split_rows(x, w, b)
-        return super().linear(x, w, b)
+        return self._split_k_during(buf.shape[0] > self.lay.dp, super().mlp_padded, i, buf, step, counts)
 
 
 @mutant("I05", "gemm-blocking-by-layout",

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from dpep_parity.checks.batches import SUM_LEN
-from dpep_parity.checks.targets.spec import SpecModel, SpecTarget
+from dpep_parity.checks.targets.spec import SpecModel, SpecTarget, linear
 
 
 class ExpertsLoop(SpecModel):
@@ -50,16 +50,7 @@ class AllReduceByGather(SpecModel):
     """Every all-reduce as an all-gather of the ranks' tensors and a local sum in reversed rank order."""
 
     def all_reduce(self, t, group):
-        n = dist.get_world_size(group)
-        if n == 1:
-            return
-        flat = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-        dist.all_gather_into_tensor(flat, t.contiguous(), group=group)   # gloo wants the concatenated shape
-        parts = flat.view(n, *t.shape)
-        acc = parts[n - 1].clone()
-        for k in range(n - 2, -1, -1):
-            acc = acc + parts[k]
-        t.copy_(acc)
+        gathered_sum(t, group, reverse=True)
 
 
 class ReduceScatterByAllReduce(SpecModel):
@@ -80,17 +71,19 @@ class ReduceScatterByAllReduce(SpecModel):
         return piece_t[: step.num_tokens].clone()
 
 
-def fixed_order_sum(t: torch.Tensor, group) -> None:
-    """In place: the group's sum of `t` added in rank order ((t0 + t1) + t2) + ..., whatever the size of the
-    tensor (a collective's own sum order may follow its chunking, which follows the size)."""
+def gathered_sum(t: torch.Tensor, group, reverse: bool = False) -> None:
+    """In place: the group's sum of `t`, gathered and added in rank order ((t0 + t1) + t2) + ... (reversed:
+    from the last rank down), whatever the size of the tensor (a collective's own sum order may follow its
+    chunking, which follows the size)."""
     n = dist.get_world_size(group)
     if n == 1:
         return
     flat = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.all_gather_into_tensor(flat, t.contiguous(), group=group)
+    dist.all_gather_into_tensor(flat, t.contiguous(), group=group)   # gloo wants the concatenated shape
     parts = flat.view(n, *t.shape)
-    acc = parts[0].clone()
-    for k in range(1, n):
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    acc = parts[order[0]].clone()
+    for k in order[1:]:
         acc = acc + parts[k]
     t.copy_(acc)
 
@@ -107,7 +100,6 @@ class BatchInvariant(ExpertsLoop):
     sums cannot depend on the layout (`expert_parallel_layouts`: a TP split changes them)."""
 
     def linear(self, x, w, b=None):
-        from dpep_parity.checks.targets.spec import linear
         if x.shape[0] <= 1:
             return linear(x, w, b)
         return torch.cat([linear(x[r: r + 1], w, b) for r in range(x.shape[0])])
@@ -145,7 +137,7 @@ class BatchInvariant(ExpertsLoop):
         return torch.cat(outs)
 
     def all_reduce(self, t, group):
-        fixed_order_sum(t, group)
+        gathered_sum(t, group)
 
     def gather(self, local, step, mode, partial):
         if mode == SUM_LEN or self.lay.attn_tp == 1:
@@ -155,7 +147,7 @@ class BatchInvariant(ExpertsLoop):
         pad = torch.zeros(L, self.H, dtype=local.dtype, device=local.device)
         if partial or self.attn_tp_rank == 0:
             pad[: local.shape[0]] = local
-        fixed_order_sum(pad, self.g.attn_tp)
+        gathered_sum(pad, self.g.attn_tp)
         piece = L // self.lay.attn_tp
         buf = self.global_buffer(L * self.lay.dp, local)
         mine = pad[self.attn_tp_rank * piece: (self.attn_tp_rank + 1) * piece].contiguous()
@@ -165,7 +157,7 @@ class BatchInvariant(ExpertsLoop):
     def reduce_and_scatter(self, y, step, mode):
         if mode == SUM_LEN:
             return super().reduce_and_scatter(y, step, mode)
-        fixed_order_sum(y, self.g.tp)
+        gathered_sum(y, self.g.tp)
         L = self.max_len(step.batch.tokens_per_dp())
         return y[self.dp_rank * L: self.dp_rank * L + step.num_tokens].clone()
 
