@@ -82,12 +82,7 @@ class UnitJob:
         if key not in ctx.cache:
             target = ctx.cache[("target", self.target)]
             dev = torch.device(ctx.device if ctx.device == "cpu" else f"cuda:{torch.cuda.current_device()}")
-            # Each build loads its own copy of the checkpoint, as a server reads its files afresh: a loader may
-            # write into the tensors it is handed (SGLang's GPT-OSS loader zeroes the down-projection bias in
-            # place on MoE-TP ranks > 0, finding F10), and one build must not change what a later build on
-            # this rank loads.
-            own = {name: t.clone() for name, t in weights.items()}
-            env = BuildEnv(config, own, self.layout, ctx.rank, groups, DTYPES[self.dtype], dev, self.layer,
+            env = BuildEnv(config, weights, self.layout, ctx.rank, groups, DTYPES[self.dtype], dev, self.layer,
                            self.poison)
             with poisoned(self.poison):
                 ctx.cache[key] = (target, target.build(self.unit, env))

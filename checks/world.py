@@ -92,12 +92,15 @@ def describe_backends(world_sizes, gpus: int) -> str:
     return "; ".join(parts)
 
 
+AFTER_ERROR_S = 10.0    # how long the other ranks get once one has raised (World.__init__)
+
+
 class World:
     """N rank processes. `run(job)` sends the same job to every rank and returns their results."""
-    after_error_s = 10.0        # see __init__ (a class default for worlds that define their own __init__)
+    after_error_s = AFTER_ERROR_S   # see __init__ (the default of worlds that define their own __init__)
 
     def __init__(self, size: int, device: str = "cpu", deadline_s: float = 120.0, quiet_s: float = 1.5,
-                 rank_env: dict[str, str] | None = None, after_error_s: float = 10.0):
+                 rank_env: dict[str, str] | None = None, after_error_s: float = AFTER_ERROR_S):
         self.size = size
         self.device = device
         self.deadline_s = deadline_s

@@ -47,9 +47,9 @@ class DieOnRank:
 
 @dataclass(frozen=True)
 class SGLangLoaderWrites:
-    """Load the fixture in `model_dir` into SGLang's model at `layout` (a fresh session: checks.targets.sglang
-    .session), handing the loader a copy of the checkpoint as checks.unitjob does, and return this rank's names
-    of the tensors the load changed in that copy: a loader that writes into its input (finding F10)."""
+    """Build SGLang's model at `layout` (a fresh session: checks.targets.sglang.session), then hand the model
+    class's own `load_weights` a copy of the checkpoint directly, and return this rank's names of the tensors
+    the load changed in that copy: a loader that writes into its input (finding F10)."""
     model_dir: str
     layout: object
     dtype: str = "float32"
@@ -62,9 +62,11 @@ class SGLangLoaderWrites:
         config, weights = load_weights(self.model_dir)
         groups = make_groups(ctx, self.layout)
         handed = {name: t.clone() for name, t in weights.items()}
-        env = BuildEnv(config, handed, self.layout, ctx.rank, groups, DTYPES[self.dtype], torch.device("cpu"), 0)
+        env = BuildEnv(config, weights, self.layout, ctx.rank, groups, DTYPES[self.dtype], torch.device("cpu"), 0)
         session._teardown_at_exit()       # a session of this key from an earlier example would not load again
-        session.session_for(env)
+        s = session.session_for(env)
+        with torch.no_grad():
+            s.model.load_weights(iter(handed.items()))
         return sorted(name for name, t in handed.items() if not torch.equal(t, weights[name]))
 
 

@@ -161,9 +161,9 @@ def test_findings_worked_around_reproduce_as_shipped(finding, args, signature, c
 def test_finding_f10_gpt_oss_loader_zeroes_its_input_and_builds_do_not_share_it():
     """F10 (docs/findings.md): GPT-OSS's load_weights zeroes the down-projection bias it is handed, in place, on
     MoE-TP ranks > 0. Negative control: at tp2 (MoE TP 2) rank 1's copy of that tensor comes back changed, rank
-    0's does not; with EP (MoE TP 1) no rank's does. The suite's side: every build loads its own copy
-    (checks.unitjob), so an EP build after a TP build on the same pooled rank still loads the bias and passes
-    (before that, the EP build loaded zeros and failed at |sut|/|truth| ~0.997, depending on test order)."""
+    0's does not; with EP (MoE TP 1) no rank's does. The suite's side: the target hands SGLang's loader a fresh
+    copy of each tensor (session._build_model), so an EP build after a TP build on the same pooled rank still
+    loads the bias and passes (before that, the EP build loaded zeros: |sut|/|truth| ~0.997, by test order)."""
     from dpep_parity.checks.tests.jobs_extra import SGLangLoaderWrites
     from dpep_parity.checks.world import get_world
     model = str(fixture_path("gpt-oss"))

@@ -269,5 +269,10 @@ def _build_model(env: BuildEnv, model_config, adapter) -> torch.nn.Module:
     dev = env.device
     with set_default_torch_dtype(env.dtype), torch.device(dev):
         model = adapter.initialize_model(_initialize_model, model_config, LoadConfig(load_format="dummy"))
-    DefaultModelLoader.load_weights_and_postprocess(model, iter(env.weights.items()), torch.device(dev))
+    # The loader gets each tensor as a fresh copy, as a server reads it from its files: SGLang's loaders may write
+    # into what they are handed (GPT-OSS's zeroes the down-projection bias in place on MoE-TP ranks > 0, finding
+    # F10), and env.weights is the rank's cached checkpoint, shared by every later build on it. One tensor at a
+    # time: each copy lives only until the loader has put it into its parameter.
+    fresh = ((name, t.clone()) for name, t in env.weights.items())
+    DefaultModelLoader.load_weights_and_postprocess(model, fresh, torch.device(dev))
     return model.eval()
