@@ -22,11 +22,13 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Client
 
 RESTART_EXIT = 75      # the driver asked for a new worker group (after a hang): a failure to torchrun
+CONTROL_WAIT_S = 60    # how long a dropped worker's main thread waits for the control thread's word
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -62,8 +64,9 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)   # that the agent ends instead of restarting the group
         return 0
     ctl.send_bytes(transport.dumps(("hello", "control", *hello)))
-    threading.Thread(target=_control, args=(ctl, tmp, argv if argv is not None else sys.argv[1:]), daemon=True,
-                     name="dpep-control").start()
+    control = threading.Thread(target=_control, args=(ctl, tmp, argv if argv is not None else sys.argv[1:]),
+                               daemon=True, name="dpep-control")
+    control.start()
     conn = Client(a.driver, authkey=key)
 
     def send(msg):
@@ -78,7 +81,7 @@ def main(argv=None) -> int:
         backend = "nccl" if a.device == "cuda" else "gloo"
         if a.device == "cuda":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, store=_store(rank, size, a.generation), rank=rank, world_size=size,
+        dist.init_process_group(backend, store=_store(rank, size, generation), rank=rank, world_size=size,
                                 timeout=timedelta(seconds=max(a.timeout, 30)))
         from dpep_parity.checks.recorder import Recorder
         from dpep_parity.checks.world import RankContext, serve_jobs
@@ -90,7 +93,17 @@ def main(argv=None) -> int:
         send(("failed", traceback.format_exc()))
         shutil.rmtree(tmp, ignore_errors=True)
         return 1
-    serve_jobs(conn, ctx, send)
+    try:
+        finished = serve_jobs(conn, ctx, send)
+    except (EOFError, OSError):
+        finished = False
+    if not finished:
+        # The driver dropped this worker (a hang elsewhere, or the driver's end): its control thread decides how
+        # the process ends (re-executed into the next generation, or exit). The main thread, freed by a peer's
+        # re-execution breaking its collective, must not end the process first: its rank would be missing from
+        # the next generation, and every other worker would wait for it (seen under load in CI).
+        control.join(CONTROL_WAIT_S)
+        return 0
     try:
         dist.destroy_process_group()
     except Exception:
@@ -99,15 +112,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def _store(rank: int, size: int, generation: int):
+def _store(rank: int, size: int, generation: tuple[int, int]):
     """The rendezvous store torchrun gives its workers (MASTER_ADDR / MASTER_PORT, as env:// reads it), under a
-    prefix of this worker generation: a re-executed group must not meet the keys of the group it replaces."""
+    prefix of this worker generation (re-executions asked by the driver, restarts by the agent: torch's own
+    env:// prefixes TORCHELASTIC_RESTART_COUNT alike): a new group must not meet the keys of the one it
+    replaces."""
     import torch.distributed as dist
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(host, port, size, is_master=not agent_store and rank == 0,
                           timeout=timedelta(seconds=300))
-    return dist.PrefixStore(f"dpep/generation{generation}", store)
+    return dist.PrefixStore(f"dpep/generation{generation[0]}-attempt{generation[1]}", store)
 
 
 def _control(ctl, tmp: str, argv: list[str]) -> None:
@@ -119,6 +134,8 @@ def _control(ctl, tmp: str, argv: list[str]) -> None:
         msg = transport.loads(ctl.recv_bytes())
     except (EOFError, OSError):
         msg = ("exit",)
+    # a test seam: a control thread slower than the main thread (as under load) must still decide the end
+    time.sleep(float(os.environ.get("DPEP_WORLD_TEST_CONTROL_DELAY_S", "0")))
     shutil.rmtree(tmp, ignore_errors=True)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -399,16 +399,17 @@ def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
         pass
 
 
-def serve_jobs(conn, ctx: RankContext, send) -> None:
-    """A rank's loop: run each job the parent sends until it sends None or the connection ends."""
+def serve_jobs(conn, ctx: RankContext, send) -> bool:
+    """A rank's loop: run each job the parent sends until it sends None (returns True: told to finish) or the
+    connection ends (returns False: the parent dropped this rank, for example after a hang elsewhere)."""
     while True:
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
-            break
+            return False
         job = transport.loads(data)
         if job is None:
-            break
+            return True
         ctx.recorder.reset()
         t0 = time.perf_counter()
         try:
@@ -416,7 +417,10 @@ def serve_jobs(conn, ctx: RankContext, send) -> None:
             send(("done", value, time.perf_counter() - t0))
         except BaseException as e:
             from dpep_parity.checks.targets.protocol import HarnessFault
-            send(("error", f"{traceback.format_exc()}", isinstance(e, HarnessFault)))
+            try:
+                send(("error", f"{traceback.format_exc()}", isinstance(e, HarnessFault)))
+            except OSError:     # the parent dropped the connection while this job failed (a peer's hang)
+                return False
 
 
 # ---------------- which kind of world: local pools, or a torchrun world ----------------

@@ -17,6 +17,7 @@ from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.tests.jobs import SkipOnRank
 from dpep_parity.checks.tests.jobs_extra import DieOnRank, PidAndSum
 from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.torchrun_world import TorchrunWorld
 from dpep_parity.checks.world import WorldFailure, WorldSettings
 from dpep_parity.fixtures.build import fixture_path
 
@@ -91,6 +92,25 @@ def test_dead_worker_is_diagnosed_and_the_world_relaunched_leaving_nothing(trw):
     res = w.run(PidAndSum())
     assert [r.value[2] for r in res] == [6.0] * 4 and not set(w.pids()) & old
     seen |= set(w.pids()) | set(w.agent_pids())
+
+
+def test_a_worker_freed_before_its_control_thread_acts_still_joins_the_next_generation(monkeypatch):
+    """After a hang the driver drops every worker and asks each to re-execute; a peer's re-execution breaks
+    the collective the others wait in, which frees their main threads. Under load a main thread once ended its
+    process before its control thread re-executed it (CI: "0 of 4 torchrun workers were ready within 120s"):
+    with the control thread slowed by 3 s, the world still recovers in place."""
+    monkeypatch.setenv("DPEP_WORLD_TEST_CONTROL_DELAY_S", "3")
+    w = TorchrunWorld(SETTINGS, "cpu", deadline_s=60, start_timeout_s=60).start()
+    try:
+        pids = w.pids()
+        with pytest.raises(WorldFailure) as e:
+            w.run(SkipOnRank(3))
+        assert e.value.kind == "hang"
+        assert [r.value[2] for r in w.run(PidAndSum())] == [6.0] * 4 and w.pids() == pids
+    finally:
+        seen = set(w.pids()) | set(w.agent_pids())
+        w.close()
+    assert not [p for p in seen if running(p)]
 
 
 IDLE4 = Batch(((R(0, 3),), (), (), ()), 3)     # property_tests/test_parity.py's pinned B02 / B14 example
