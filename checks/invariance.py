@@ -305,8 +305,20 @@ def main(argv=None) -> int:
     if a.cmd == "pair":
         pair = Pair(a.fixture, a.unit, a.dtype, a.layer, Context(a.layout, a.batch),
                     Context(a.against_layout or a.layout, a.against), a.request)
-        for c in (pair.a, pair.b):
-            c.where(a.request)          # a usage error before any rank starts
+        from dpep_parity.checks.replay import batch_problems
+        from dpep_parity.fixtures.specs import fixture_config
+        bad = []
+        for c in (pair.a, pair.b):      # usage errors before any rank starts
+            try:
+                c.where(a.request)
+            except ValueError as e:
+                bad.append(str(e))
+            bad += batch_problems(c.batch, fixture_config(a.fixture), a.fixture)
+            if c.batch.dp != c.layout.dp:
+                bad.append(f"batch {c.batch.describe()!r} names {c.batch.dp} DP ranks, layout {c.layout} has "
+                           f"dp={c.layout.dp}")
+        if bad:
+            ap.error("\n  ".join(["the pair cannot run:", *bad]))
         d = measure(pair, a.target, str(fixture_path(a.fixture)), a.device, a.deadline)
         print(d.report())
         print("IDENTICAL" if d.equal else "NOT JUDGED" if d.unjudged else "DRIFT")

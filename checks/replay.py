@@ -67,6 +67,16 @@ def _checked(parse):
     return run
 
 
+def batch_problems(batch, config: dict, fixture: str) -> list[str]:
+    """A request longer than the model's positions (an engine's rotary cache ends there: SGLang raises an
+    IndexError deep in its rotary embedding, which would read as the system's crash)."""
+    limit = config.get("max_position_embeddings")
+    longest = max((r.total for _, _, r in batch.requests_flat()), default=0)
+    if limit and longest > limit:
+        return [f"a request of {longest} tokens exceeds {fixture}'s max_position_embeddings ({limit})"]
+    return []
+
+
 def problems(a) -> list[str]:
     from dpep_parity.checks.targets.protocol import resolve
     from dpep_parity.checks.topology import layout_violations
@@ -81,6 +91,7 @@ def problems(a) -> list[str]:
                 for v in layout_violations(a.layout, fixture_config(a.fixture))]
         if not 0 <= a.layer < spec.num_hidden_layers:
             out.append(f"--layer {a.layer}: {a.fixture} has layers 0..{spec.num_hidden_layers - 1}")
+        out += [f"--batch: {p}" for p in batch_problems(a.batch, fixture_config(a.fixture), a.fixture)]
     if len(a.batch.per_dp) != a.layout.dp:
         out.append(f"--batch names {len(a.batch.per_dp)} DP ranks, --layout {a.layout} has dp={a.layout.dp}")
     try:

@@ -45,6 +45,11 @@ CASES = {
                            "[tp%dp]"),
     "replay-batch": (REPLAY + ["--layout", "tp2-dp2-ep1", "--batch", "dp0:0+x"], {}, 2, "dp0:0+x"),
     "replay-layout": (REPLAY + ["--layout", "tp4-dp3-ep1", "--batch", "dp0:0+3"], {}, 2, "tp4-dp3-ep1"),
+    "replay-too-long": (REPLAY + ["--layout", "tp1", "--batch", "dp0:300+1"], {}, 2,
+                        "exceeds qwen3-moe's max_position_embeddings"),
+    "invariance-pair": ([PY, "-m", "checks.invariance", "pair", "--unit", "moe", "--fixture", "qwen3-moe",
+                         "--layout", "tp2-dp2-ep1", "--batch", "dp0:0+2@900 dp1:idle seed=1",
+                         "--against", "dp0:0+2 dp1:idle seed=1"], {}, 2, "no request with stream 900"),
     "killtable-mutant": ([PY, "-m", "checks.killtable", "--only", "B99"], {}, 2, "unknown mutant ids ['B99']"),
 }
 
