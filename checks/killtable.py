@@ -2,7 +2,7 @@
 unmutated control, and say who caught what.
 
     python -m checks.killtable [--jobs 2] [--only B14,B15] [--target pkg.mod:OBJ ...] [--control spec]
-                               [--out reports] [--check] [-- PYTEST ARGS]
+                               [--dtypes bfloat16] [--out reports] [--check] [-- PYTEST ARGS]
 
 Each target gets its own pytest process (`--target ... -x` on property_tests/test_parity.py and
 test_stateful.py, hypothesis profile `kill`: ci without shrinking, unless DPEP_PROFILE says otherwise), so a
@@ -35,12 +35,13 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dpep_parity.checks.batches import DTYPES
 from dpep_parity.checks.cli import prog
 from dpep_parity.checks.mutants import CATALOG, NOT_EXPRESSED
 
 ROOT = Path(__file__).resolve().parent.parent
 # the checks a result of checks.parity carries (Check.prop), printed as "[prop] message" by ParityResult.report
-PROPERTIES = ("parity", "ownership", "routing", "dispatch", "padding-rule", "collectives", "greedy", "liveness",
+PROPERTIES = ("parity", "ownership", "routing", "router", "dispatch", "padding-rule", "collectives", "greedy", "liveness",
               "no-crash", "precision")
 # the single-forward properties first (pinned triggers, then the search), then sequences of forwards on one build
 SUITE = ("property_tests/test_parity.py", "property_tests/test_precision.py", "property_tests/test_stateful.py")
@@ -139,8 +140,16 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="kept for old scripts: the exit code is always 1 unless every target is killed by an "
                          "expected property and the control passes")
+    ap.add_argument("--dtypes", default="", metavar="D1,D2",
+                    help="the suite's dtypes for every run (default: the suite's own, float32,bfloat16); "
+                         "bfloat16 alone for the precision habits that only a half-precision run can show")
     ap.add_argument("pytest_args", nargs="*")
     a = ap.parse_args(argv)
+    if a.dtypes:
+        bad = [d for d in a.dtypes.split(",") if d not in DTYPES]
+        if bad:
+            ap.error(f"--dtypes: unknown {bad}; known: {', '.join(sorted(DTYPES))}")
+        a.pytest_args = [f"--dtypes={a.dtypes}", *a.pytest_args]
     ids = [i for i in (a.only.split(",") if a.only else ([] if a.target else CATALOG)) if i]
     unknown = [i for i in ids if i not in CATALOG]
     if unknown:

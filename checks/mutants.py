@@ -223,7 +223,7 @@ class PaddingFromLocalCount(SpecModel):
 
 # ---- mutants of the model semantics ----
 @mutant("M01", "norm-topk-prob-ignored", "wrong numbers", "norm_topk_prob ignored: top-k weights not renormalised",
-        kills=("parity",))
+        kills=("parity", "router"))
 class NormTopkIgnored(SpecModel):
     def topk_weights(self, w):
         return w
@@ -358,6 +358,31 @@ class RopeAnglesInActivationDtype(SpecModel):
         return (pos[:, None].to(dtype) * self.inv_freq[None].to(dtype)).float()
 
 
+@mutant("P02", "router-softmax-in-activation-dtype", "precision",
+        "the router's softmax in the activation dtype: the probabilities are rounded to it before the top-k and "
+        "the renormalisation then runs in it too (probabilities, their sum, the quotient: three roundings where "
+        "a float32 router has one). The block output dilutes a one-ulp weight error below the legitimate "
+        "variants' spread; the router-weights check judges the weights themselves (bfloat16, models with "
+        "norm_topk_prob: without renormalisation the one rounding is the correct router's own)",
+        kills=("router",))
+class RouterSoftmaxInActivationDtype(SpecModel):
+    def router_probs(self, logits):
+        return torch.softmax(logits.to(self.dt), dim=-1)
+
+
+@mutant("P05", "topk-renormalisation-in-activation-dtype", "precision",
+        "the top-k renormalisation in the activation dtype: the float32 probabilities are rounded to it, then "
+        "summed and divided in it (vLLM and SGLang kernels that renormalise after the cast); caught by the "
+        "router-weights check in bfloat16 on models with norm_topk_prob",
+        kills=("router",))
+class RenormInActivationDtype(SpecModel):
+    def topk_weights(self, w):
+        if not self.cfg.get("norm_topk_prob"):
+            return w
+        w = w.to(self.dt)
+        return w / w.sum(-1, keepdim=True)
+
+
 NOT_EXPRESSED = {
     "B05": "needs moe_dense_tp_size = 1 (a replicated dense MLP on local tokens); the spec only implements "
            "the TP-sharded dense path",
@@ -367,13 +392,9 @@ NOT_EXPRESSED = {
     # precision habits measured as no fault at all against this reference (docs/precision.md): the reference
     # rounds the same quantity to the activation dtype right after, so keeping it narrow earlier changes
     # nothing or adds one double rounding, far below any legitimate reordering's effect
-    "P02": "router softmax in the activation dtype: on CPU torch's bfloat16 softmax accumulates in float32 and "
-           "rounds once, and the top-k weights are cast to the activation dtype anyway: MoE-block outputs "
-           "measured bit-identical (qwen2-moe-shared, 20 seeds x 7 layouts); qwen3-moe decoder outputs within "
-           "the legitimate variants' spread (mean log energy ratio -0.044 vs the spec's -0.047)",
-    "P03": "attention softmax in the activation dtype: bit-identical to the spec on CPU (same reason)",
-    "P05": "top-k renormalisation in the activation dtype: the weights are cast to it right after; decoder "
-           "outputs measured within the legitimate variants' spread (mean log energy ratio -0.045 vs -0.047)",
+    "P03": "attention softmax in the activation dtype: bit-identical to the spec on CPU (torch's CPU bfloat16 "
+           "softmax accumulates in float32 and rounds once; transformers rounds the probabilities to the dtype "
+           "right after anyway)",
 }
 
 

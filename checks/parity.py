@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dpep_parity.checks import numerics, units
+from dpep_parity.checks import numerics, router_weights, units
 from dpep_parity.checks.batches import DTYPES, MAX_LEN, Batch, padding_mode
 from dpep_parity.checks.recorder import mismatches
 from dpep_parity.checks.reference import Oracle, UnitRef
@@ -22,6 +22,7 @@ from dpep_parity.checks.topology import Layout, validate
 from dpep_parity.checks.unitjob import UnitJob, load_weights
 from dpep_parity.checks.world import RankResult, WorldFailure, get_world
 from dpep_parity.fixtures import families
+from dpep_parity.fixtures.specs import sparse_layers
 
 
 @dataclass
@@ -129,7 +130,6 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
     other experts than the float64 truth, and another choice away from a tie fails exactly (its rows are
     still judged, so their parity failure shows the size of the damage). Without it, every near-tie row is
     excused (the truth alone cannot tell whether it flipped)."""
-    from dpep_parity.fixtures.specs import sparse_layers
     u = units.get(unit)
     whole = u.whole_model
     layer_ids = u.sparse_layers_run(sparse_layers(config), layer)
@@ -289,6 +289,9 @@ def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir,
     routing = routing_analysis(results, uref, batch, layout, unit, layer, config, top_k, dt)
     if routing.check is not None:
         res.checks.append(routing.check)
+    weights = router_weights.check(results, config, units.get(unit).sparse_layers_run(sparse_layers(config), layer))
+    if weights is not None:
+        res.checks.append(Check("router", *weights))
     ex_global = routing.excused
     excused = oracle_mask(ex_global, batch, layout, ranks)
     noisy_ref = oracle_mask(routing.ref_flipped, batch, layout, ranks)

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from dpep_parity.checks.batches import SUM_LEN
+from dpep_parity.checks.targets.protocol import Route
 from dpep_parity.checks.targets.spec import SpecModel, SpecTarget, linear
 
 
@@ -112,12 +113,12 @@ class BatchInvariant(ExpertsLoop):
     def mlp(self, i, x, n_real, counts):
         if x.shape[0] <= 1:
             return super().mlp(i, x, n_real, counts)
-        outs, ids = [], []
+        outs, routes = [], []
         for r in range(x.shape[0]):
-            self._route_ids = None
+            self._route = None
             outs.append(super().mlp(i, x[r: r + 1], int(r < n_real), counts))
-            ids.append(self._route_ids)
-        self._route_ids = None if any(t is None for t in ids) else torch.cat(ids)
+            routes.append(self._route)
+        self._route = None if any(t is None for t in routes) else Route.cat(routes)
         return torch.cat(outs)
 
     def attention(self, i, step, xs):

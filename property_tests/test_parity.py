@@ -81,6 +81,7 @@ def _given(unit):
     E("qwen2-moe-noshared", Layout(2, 1, 1), Batch(((R(0, 4),),), 1), "float32", 0),   # B08 no shared expert
     E("qwen2-moe-shared", Layout(4, 2, 1), ODD, "float32", 1),            # B06 offsets, odd counts
     E("qwen2-moe-shared", Layout(2, 2, 2), DECODE_UNEVEN, "bfloat16", 0),  # B15 shared expert x ep, bf16
+    E("qwen3-moe", Layout(2, 2, 2), DECODE_UNEVEN, "bfloat16", 1),        # P02 P05 router weights, bf16, renorm
 ], ids=pin_id)
 def test_moe_pinned(suite, pinned):
     """The MoE block at the catalog's triggers."""

@@ -9,18 +9,9 @@
 # Every stage has a time limit (SIGINT first, so pytest still prints its summary). Files in OUT:
 # summary.txt, tiny.log, tier.log, gemm.md, tolerance.md, tolerance.json, bench.md, bench.json.
 set -u
-cd "$(dirname "$0")/.."
-OUT="${OUT:-runs/gpu}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export DPEP_FIXTURE_CACHE="${DPEP_FIXTURE_CACHE:-/tmp/dpep-fixtures}"
-export DPEP_RANK_CACHE_GB="${DPEP_RANK_CACHE_GB:-4}"   # two suites share the GPU in `tests`
-PY="${PYTHON:-python3}"
 STAGES="${*:-smoke tests bench}"
-T0=$(date +%s)
-S="$OUT/summary.txt"
-stamp() { echo "== $* (+$(( $(date +%s) - T0 ))s)" | tee -a "$S"; }
-lim() { local s=$1; shift; timeout -s INT -k 30 "$s" "$@"; }
+. "$(dirname "$0")/device_common.sh" runs/gpu
+export DPEP_RANK_CACHE_GB="${DPEP_RANK_CACHE_GB:-4}"   # two suites share the GPU in `tests`
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
 stamp "start: stages [$STAGES]"

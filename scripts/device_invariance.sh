@@ -5,16 +5,7 @@
 # expert-parallel layouts, layout invariance) and each invariance mutant, on CUDA, gpu profile, world sizes
 # 1, 2, 4, bfloat16 and float32. Every run has a time limit (SIGINT first, so pytest prints its summary).
 set -u
-cd "$(dirname "$0")/.."
-OUT="${OUT:-runs/invariance-gpu}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export DPEP_FIXTURE_CACHE="${DPEP_FIXTURE_CACHE:-/tmp/dpep-fixtures}"
-PY="${PYTHON:-python3}"
-S="$OUT/summary.txt"
-T0=$(date +%s)
-stamp() { echo "== $* (+$(( $(date +%s) - T0 ))s)" | tee -a "$S"; }
-lim() { local s=$1; shift; timeout -s INT -k 30 "$s" "$@"; }
+. "$(dirname "$0")/device_common.sh" runs/invariance-gpu
 ARGS=(property_tests/test_invariance.py --device cuda --hypothesis-profile gpu --world-sizes 1,2,4
       --dtypes bfloat16,float32 -q -p no:cacheprovider)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$S" 2>&1

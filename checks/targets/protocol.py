@@ -17,7 +17,9 @@ optional: "layers" (list of [rows, hidden] residual stream after each layer, mod
 first divergent layer), "expert_counts" ({expert: rows dispatched}, this rank's experts),
 "padding_mode" ("sum_len" | "max_len"), "routing" ({layer: [rows, top_k] expert ids, sorted} for the
 sparse layers the unit ran: with it a near-tie row is excused only where the target's routing really
-differs from one device's, and a different choice away from a tie fails). See docs/targets.md.
+differs from one device's, and a different choice away from a tie fails), "routing_weights" ({layer: [rows,
+top_k]} in the order of the sorted ids) with "router_logits" ({layer: [rows, experts]}): the router-weights check
+(checks.router_weights; `Route` builds all three). See docs/targets.md.
 
 Optional: `sessions = True`: the target keeps KV caches across the steps of a serving session (`Step.serving`,
 see `Serving`); without it the serving engine still works, the target recomputing prefixes every step.
@@ -125,6 +127,36 @@ class Step:
     @property
     def num_tokens(self) -> int:
         return sum(r.extend for r in self.requests)
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a router did for some rows: expert ids [rows, k], their weights [rows, k] as the experts receive them,
+    and the logits [rows, experts] the router read. `rows` keeps a slice with every row's ids sorted and its
+    weights in the same order; `report` turns {layer: Route} into the outputs "routing", "routing_weights" and
+    "router_logits" (weights and logits only where every layer has them)."""
+    ids: torch.Tensor
+    weights: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+    def rows(self, start: int, n: int) -> Route:
+        ids, order = self.ids[start: start + n].sort(dim=-1)
+        w = None if self.weights is None else self.weights[start: start + n].gather(1, order)
+        lg = None if self.logits is None else self.logits[start: start + n]
+        return Route(ids.clone(), None if w is None else w.clone(), None if lg is None else lg.clone())
+
+    @staticmethod
+    def cat(routes: list[Route]) -> Route:
+        parts = {f: [getattr(r, f) for r in routes] for f in ("ids", "weights", "logits")}
+        return Route(*(None if any(t is None for t in ts) else torch.cat(ts) for ts in parts.values()))
+
+    @staticmethod
+    def report(routes: dict[int, Route]) -> dict:
+        out: dict = {"routing": {i: r.ids for i, r in routes.items()}}
+        if routes and all(r.weights is not None and r.logits is not None for r in routes.values()):
+            out["routing_weights"] = {i: r.weights for i, r in routes.items()}
+            out["router_logits"] = {i: r.logits for i, r in routes.items()}
+        return out
 
 
 def to_cpu(v):

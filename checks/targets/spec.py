@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from dpep_parity.checks.batches import SUM_LEN, ceil_align, padding_mode
-from dpep_parity.checks.targets.protocol import UNITS, BuildEnv, Step, to_cpu
+from dpep_parity.checks.targets.protocol import UNITS, BuildEnv, Route, Step, to_cpu
 
 
 def _half_on_cpu(x: torch.Tensor) -> bool:
@@ -80,7 +80,7 @@ class SpecModel:
         inv_freq = 1.0 / (theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
         self.inv_freq = inv_freq.to(self.dev)
         self._cache: dict = {}
-        self.routes: dict[int, torch.Tensor] = {}
+        self.routes: dict[int, Route] = {}
         self.sessions: dict[str, dict[int, dict]] = {}   # serving: session -> request -> {layer: (k, v)}
         self.kv_prefix: dict[tuple[int, int], tuple] = {}  # (layer, request): cached K/V of the prefix
         self.kv_new: dict[tuple[int, int], tuple] = {}     # (layer, request): K/V after this forward
@@ -315,8 +315,9 @@ class SpecModel:
         logits = self.linear(x, self.W(f"model.layers.{i}.mlp.gate.weight"))
         probs = self.router_probs(logits)
         w, ids = torch.topk(probs, self.topk, dim=-1)
-        self._route_ids = ids          # reported (sorted, this rank's rows) as the unit's "routing"
-        return self.topk_weights(w).to(x.dtype), ids
+        weights = self.topk_weights(w).to(x.dtype)
+        self._route = Route(ids, weights, logits)   # this rank's rows: reported as "routing" and its kin
+        return weights, ids
 
     def router_probs(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -437,14 +438,14 @@ class SpecModel:
 
     def mlp_local(self, i: int, x: torch.Tensor, counts: dict) -> torch.Tensor:
         """dp == 1: the MLP on this rank's own rows (no gather), routing recorded."""
-        self._route_ids = None
+        self._route = None
         y = self.mlp(i, x, x.shape[0], counts)
         self.keep_route(i, 0, x.shape[0])
         return y
 
     def mlp_on_buffer(self, i, x, step, mode, counts):
         if mode == SUM_LEN:
-            self._route_ids = None
+            self._route = None
             y = self.mlp(i, x, x.shape[0], counts)
             self.keep_route(i, *self.slot(step, mode))
             return y
@@ -452,9 +453,9 @@ class SpecModel:
 
     def keep_route(self, i: int, start: int, n: int):
         """Record the experts this rank's own rows were routed to at layer i (sparse layers only)."""
-        if getattr(self, "_route_ids", None) is not None:
-            self.routes[i] = self._route_ids[start: start + n].sort(dim=-1).values.clone()
-        self._route_ids = None
+        if getattr(self, "_route", None) is not None:
+            self.routes[i] = self._route.rows(start, n)
+        self._route = None
 
     def mlp_block(self, i: int, x_local: torch.Tensor, step: Step, mode: str | None, counts: dict):
         """The MLP as a unit: gather (replicate) -> MLP -> reduce -> scatter; dp == 1: all-reduce only."""
@@ -471,7 +472,7 @@ class SpecModel:
                           [torch.arange(d * L + c, (d + 1) * L) for d, c in enumerate(counts_dp)])
         y = torch.zeros_like(buf)
         n_real = sum(counts_dp)
-        self._route_ids = None
+        self._route = None
         y[order] = self.mlp(i, buf[order], n_real, counts)
         self.keep_route(i, sum(counts_dp[: self.dp_rank]), counts_dp[self.dp_rank])
         return y
@@ -626,7 +627,7 @@ class SpecTarget:
                 out.update(run_model(m, step))
                 counts = out.pop("counts")
         out["expert_counts"] = counts
-        out["routing"] = dict(m.routes)
+        out.update(Route.report(m.routes))
         return {k: to_cpu(v) for k, v in out.items()}
 
 

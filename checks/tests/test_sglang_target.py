@@ -86,6 +86,22 @@ def _kills(fixture: str, kills) -> None:
     assert not problems, "\n\n".join(problems)
 
 
+def test_a_router_renormalising_in_bfloat16_is_caught_by_its_weights():
+    """SGLang's router weights, reported with its logits, pass the router-weights check in bfloat16 (they stay
+    float32); S06 (renormalised in bfloat16, catalog P05's habit inside SGLang) fails [router], though its
+    outputs may stay within parity's bound."""
+    model, batch = str(fixture_path("qwen3-moe")), parse_batch("dp0:0+5 dp1:2+4 seed=3")
+    for unit in ("moe", "model"):
+        layer = 1 if unit == "moe" else 0
+        good = run_example("sglang", unit, model, Layout(2, 2, 2), batch, "bfloat16", layer, deadline_s=300)
+        router = [c for c in good.checks if c.prop == "router"]
+        assert good.ok and len(router) == 1 and router[0].ok, good.report()
+        bad = run_example("checks.targets.sglang.mutants:S06", unit, model, Layout(2, 2, 2), batch, "bfloat16",
+                          layer, deadline_s=300)
+        router = [c for c in bad.checks if c.prop == "router"]
+        assert router and not router[0].ok and "rounded more than once" in router[0].message, bad.report()
+
+
 F3_PROBE = """
 from dpep_parity.checks.targets.sglang import cpu_shims
 cpu_shims.install_import_shims()

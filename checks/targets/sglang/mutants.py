@@ -15,6 +15,7 @@ them, and that the suite's properties fail when those go wrong:
 | S03 | every DP rank takes its rows from offset 0 of the gathered buffer (`get_dp_local_info`) | B06 |
 | S04 | the MoE output's sum runs twice (`moe.utils._post_experts_sum`) | B14 |
 | S05 | the MoE output's sum is skipped: each rank keeps its partial sum (`moe.utils._post_experts_sum`) | SGLang #36884 (GLM's missing post-MoE combine) |
+| S06 | the router's top-k weights renormalised in the activation dtype (`moe.topk.select_experts`; bfloat16 runs) | catalog P05 |
 """
 from __future__ import annotations
 
@@ -106,6 +107,20 @@ def _s05():
     return _patch_everywhere("sglang.srt.layers.moe.utils", "_post_experts_sum", make)
 
 
+def _s06():
+    import torch
+
+    def make(original):
+        def select_experts(hidden_states, router_logits, topk_config, **kwargs):
+            out = original(hidden_states, router_logits, topk_config, **kwargs)
+            if not topk_config.renormalize or hidden_states.dtype not in (torch.bfloat16, torch.float16):
+                return out
+            w = out.topk_weights.to(hidden_states.dtype)
+            return out._replace(topk_weights=(w / w.sum(-1, keepdim=True)).to(out.topk_weights.dtype))
+        return select_experts
+    return _patch_everywhere("sglang.srt.layers.moe.topk", "select_experts", make)
+
+
 @dataclass(frozen=True)
 class Mutant:
     id: str
@@ -119,6 +134,7 @@ MUTANTS = {m.id: m for m in (
     Mutant("S03", "DP rank rows taken from offset 0 of the gathered buffer (get_dp_local_info)", _s03),
     Mutant("S04", "MoE output summed twice (_post_experts_sum)", _s04),
     Mutant("S05", "MoE output's sum skipped, partial sums kept (_post_experts_sum)", _s05),
+    Mutant("S06", "top-k weights renormalised in the activation dtype (select_experts)", _s06),
 )}
 
 
@@ -149,4 +165,4 @@ def _patched(mutant: Mutant):
         undo()
 
 
-S01, S02, S03, S04, S05 = (SGLangMutant(i) for i in MUTANTS)
+S01, S02, S03, S04, S05, S06 = (SGLangMutant(i) for i in MUTANTS)

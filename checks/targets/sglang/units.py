@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from dpep_parity.checks.batches import Batch
-from dpep_parity.checks.targets.protocol import BuildEnv, Step, to_cpu
+from dpep_parity.checks.targets.protocol import BuildEnv, Route, Step, to_cpu
 from dpep_parity.checks.targets.sglang.batch import (
     forward_batch,
     gathered_start,
@@ -302,7 +302,8 @@ class _nothing:
 class Taps:
     """What SGLang's MoE blocks did in one forward, read by forward hooks (instrumentation only):
     - routing: the top-k experts SGLang's router (the block's `topk`, a TopK module) chose, for this rank's own
-      rows of the buffer the block ran on (the DP-gathered buffer under DP attention), sorted per row;
+      rows of the buffer the block ran on (the DP-gathered buffer under DP attention), sorted per row, with
+      the weights it gave them (in the same order) and the router logits it read (the router-weights check);
     - expert counts: rows each local expert received, from what the token dispatcher hands the expert
       runner (StandardDispatcher.dispatch output; local ids under EP, -1 for dropped slots).
     Both name the logical expert whose weights the slot holds: the router's output and the dispatcher's ids are
@@ -312,7 +313,7 @@ class Taps:
 
     def __init__(self, s, layers: list[int], n: int, count: bool = True):
         self.s, self.layers, self.n, self.count = s, layers, n, count
-        self.routing: dict[int, torch.Tensor] = {}
+        self.routing: dict[int, Route] = {}
         self.counts: dict[int, int] = {}
         self.unreported: list[str] = []
         self._undo: list = []
@@ -335,15 +336,20 @@ class Taps:
                 continue
             topk = ffn_block(model_layers[i]).topk
 
-            def hook(mod, args, out, i=i):
+            def hook(mod, args, kwargs, out, i=i):
                 ids = getattr(out, "topk_ids", None)
                 if not isinstance(ids, torch.Tensor):
                     return
                 if ids.shape[0] != rows:
                     self.unreported.append(f"layer {i}: router saw {ids.shape[0]} rows, layout says {rows}")
                     return
-                self.routing[i] = self._logical(i, ids[start: start + self.n]).sort(dim=-1).values.clone()
-            self._undo.append(topk.register_forward_hook(hook).remove)
+                weights = getattr(out, "topk_weights", None)
+                logits = args[1] if len(args) > 1 else kwargs.get("router_logits")
+                whole = isinstance(weights, torch.Tensor) and isinstance(logits, torch.Tensor) and \
+                    weights.shape == ids.shape and logits.shape[0] == rows
+                self.routing[i] = Route(self._logical(i, ids), weights if whole else None,
+                                        logits if whole else None).rows(start, self.n)
+            self._undo.append(topk.register_forward_hook(hook, with_kwargs=True).remove)
             if self.count:
                 self._count(i, experts)
         return self
@@ -381,7 +387,7 @@ class Taps:
         if self.count:
             out["expert_counts"] = dict(self.counts)
         if self.routing and not self.unreported:
-            out["routing"] = dict(self.routing)
+            out.update(Route.report(self.routing))
         return out
 
 
