@@ -149,6 +149,14 @@ def markdown(rep: dict) -> str:
         tag = " (A/A)" if c["kind"] == "aa" else ""
         L.append(f"- **{c['config']}{tag} / {c['task']}: {c['verdict']}**")
         L += [f"  - {r}" for r in c["reasons"]]
+    if rep.get("served_drift"):
+        L += ["", "## Served drift (same prompts, other arrival order, dispatch, concurrency)", "",
+              "Six prompts served as above and under four other schedules, prompt logits and teacher-forced "
+              "log-probabilities compared bit for bit (checks/serving/invariance.py). Information unless the "
+              "target promises batch and placement invariance; then any difference FAILs its configuration.", ""]
+        for d in rep["served_drift"]:
+            head = f"- **{d['config']}** ({'promises invariance' if d['promised'] else 'promises none'})"
+            L += [f"{head}: probe failed: {d['error']}"] if "error" in d else [head] + [f"  - {x}" for x in d["lines"]]
     if rep.get("aa"):
         L += ["", "## A/A (baseline run twice)", ""] + [f"- {n}" for n in rep["aa"]]
     if rep.get("findings"):

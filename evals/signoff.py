@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-inconclusive", action="store_true",
                    help="exit 0 on INCONCLUSIVE (default: 4, a release is not signed off without a decision)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-served-drift", action="store_true",
+                   help="skip the served-drift probe (the same prompts under other arrival orders, DP dispatch "
+                        "and concurrency, per in-process configuration: a few seconds each)")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="torch intra-op threads for in-process engines (1 is fastest for tiny models)")
 
@@ -169,6 +172,32 @@ def config_row(c, keys, verdict, args, role: str | None = None) -> dict:
     return row | ({"role": role} if role else {})
 
 
+def served_drift_rows(configs) -> list[dict]:
+    """Each in-process configuration's served drift (checks.serving.invariance): six prompts served as the
+    sign-off serves them and under reversed arrival, shortest-queue dispatch, one running request per DP rank
+    and two requests in flight, compared bitwise (prompt logits, teacher-forced log-probabilities). A target
+    that promises batch and placement invariance must show none ("broken" otherwise); for any other the drift
+    is information. A configuration whose probe raises is reported with the error."""
+    from dpep_parity.checks.invariance import claims
+    from dpep_parity.checks.serving.invariance import served_drift
+    from dpep_parity.checks.targets.protocol import resolve
+
+    rows = []
+    for c in configs:
+        if c.engine != "inproc" or c.factory or c.target in (None, "hf"):
+            continue
+        promised = claims(resolve(c.target)) >= {"batch", "placement"}
+        try:
+            drifts = served_drift(c.model_path, c, c.target, c.dtype)
+        except Exception as e:  # noqa: BLE001 - the probe's engine failed: reported, the configuration fails
+            rows.append({"config": c.name, "promised": promised, "error": f"{type(e).__name__}: {e}"[:500],
+                         "broken": True})
+            continue
+        rows.append({"config": c.name, "promised": promised, "broken": promised and any(d.changed for d in drifts),
+                     "variants": [dataclasses.asdict(d) for d in drifts], "lines": [d.line() for d in drifts]})
+    return rows
+
+
 def run(args) -> int:
     t0 = time.monotonic()
     if args.torch_threads:
@@ -225,6 +254,8 @@ def run(args) -> int:
             return EXIT_ENGINE
         timing[c.name] = round(time.monotonic() - t, 2)
 
+    drift = [] if args.no_served_drift else served_drift_rows(matrix.ordered())
+
     comparisons, aa = [], []
     truth_recs = ({m: {r["doc_id"]: r for r in results[truth.name][m]} for m in truth_todo} if truth else {})
     try:
@@ -243,11 +274,20 @@ def run(args) -> int:
     verdicts = {}
     for c in matrix.ordered()[1:]:
         verdicts[c.name] = G.worst(x["verdict"] for x in comparisons if x["config"] == c.name)
+    for d in drift:
+        if d["broken"] and d["config"] in verdicts:     # a broken promise (or a crash) is this configuration's FAIL
+            verdicts[d["config"]] = "FAIL"
     overall = G.worst(verdicts.values())
     aa_notes = G.aa_findings(aa, base.is_deterministic) if aa else []
     findings = [n for n in aa_notes if "DISAGREEMENT" in n]
     if len(matrix.configs) == 1:
         findings.append("the matrix has only the baseline: nothing was compared")
+    for d in drift:
+        if "error" in d:
+            findings.append(f"SERVED-DRIFT PROBE FAILED on {d['config']}: {d['error']}")
+        elif d["broken"]:
+            findings.append(f"INVARIANCE PROMISE BROKEN on {d['config']} (its target promises batch and placement "
+                            f"invariance): " + "; ".join(x for x in d["lines"] if not x.endswith("identical")))
     import lm_eval
 
     rep = {
@@ -261,7 +301,7 @@ def run(args) -> int:
         "aa": aa_notes, "findings": findings,
         "colleague_reports": report.find_colleague_reports(args.out),
         "timing_s": {**timing, "total": round(time.monotonic() - t0, 2)},
-        "max_gen_toks": args.max_gen_toks,
+        "max_gen_toks": args.max_gen_toks, "served_drift": drift,
     }
     code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL,
             "INCONCLUSIVE": EXIT_PASS if args.allow_inconclusive else EXIT_INCONCLUSIVE}[overall]
@@ -278,6 +318,8 @@ def run(args) -> int:
               + ")")
         for r in x["reasons"]:
             print(f"    - {r}")
+    for d in drift:
+        print(f"  served drift, {d['config']}: " + (d.get("error") or "; ".join(d["lines"])))
     for n in aa_notes + [f for f in findings if f not in aa_notes]:
         print(f"  note: {n}")
     print(f"Report: {files['markdown']} ({files['json']}, {files['png']})")

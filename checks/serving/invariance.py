@@ -57,6 +57,8 @@ def _serve(model_dir, layout, target, dtype, prompts, conts, reverse=False, **en
 
 def served_drift(model_dir: str, layout, target: str, dtype: str = "float32", n: int = 6,
                  seed: int = 0) -> list[ServedDrift]:
+    """The drift of each VARIANTS schedule against the default one. `layout`: anything with tp, dp and ep (a
+    Layout, a sign-off configuration)."""
     from dpep_parity.checks.unitjob import load_weights
     config, _ = load_weights(model_dir)
     prompts, conts = prompts_for(config["vocab_size"], n, seed)
