@@ -278,9 +278,10 @@ def _verdict(c: dict, gate: GateSettings) -> None:
                     f"answer) exceeds the declared ceiling {gate.max_logprob_drift:.3g}")
     eq = c["equivalence"]
     level = f"{100 * (1 - 2 * a):.0f}%"
-    ci = (f"{level} exact interval [{_pts(eq['exact'][0])}, {_pts(eq['exact'][1])}] pts, cluster-robust "
-          f"[{_pts(eq['t'][0])}, {_pts(eq['t'][1])}] pts" if c["n_clusters"] else
-          f"{level} exact interval [{_pts(eq['exact'][0])}, {_pts(eq['exact'][1])}] pts, t "
+    # the exact bounds are one-sided bounds that never cross 0 (stats.delta_upper): they bound the difference
+    # from each side, they do not locate it; printed as what they are, not as an interval around the estimate
+    ci = (f"{level} exact bounds {_pts(eq['exact'][0])} <= delta <= {_pts(eq['exact'][1])} pts (each bound "
+          f"at or beyond 0 by construction), {'cluster-robust' if c['n_clusters'] else 't'} interval "
           f"[{_pts(eq['t'][0])}, {_pts(eq['t'][1])}] pts")
     if fail:
         verdict = "FAIL"
@@ -291,10 +292,24 @@ def _verdict(c: dict, gate: GateSettings) -> None:
     else:
         verdict = "INCONCLUSIVE"
         rate = (c["b_base_only"] + c["c_cfg_only"]) / max(c["n"], 1)
-        need = stats.planned_n(rate, m, a, gate.power)
-        why.append(f"equivalence within +-{_pts(m)} pts not shown: {ci}; at the observed flip rate "
-                   f"{100 * rate:.2f}% about " + (f"{need} {c['unit']}s" if need else "more units than planned")
-                   + f" would show it with probability {gate.power:.0%}, this run has {c['n']}")
+        lo_t, hi_t = eq["t"]
+        if hi_t < -m or lo_t > m or abs(c["delta"]) >= m:
+            # the data lie at or beyond the margin: sample sizes planned for "no difference" do not apply
+            side = "below" if c["delta"] < 0 else "above"
+            where = (f"the {'cluster-robust' if c['n_clusters'] else 't'} interval lies entirely {side} "
+                     f"{'-' if side == 'below' else '+'}{_pts(m)} pts" if hi_t < -m or lo_t > m else
+                     f"the observed difference {_pts(c['delta'])} pts is at or beyond the margin")
+            why.append(f"equivalence within +-{_pts(m)} pts not shown, and the data point away from it: {ci}; "
+                       f"{where}. The difference test did not reach significance after Holm's correction "
+                       f"(p={c['p_diff_holm']:.2g}), so this is not a FAIL, but more {c['unit']}s would more "
+                       f"likely show a difference than equivalence: treat as a probable regression and "
+                       f"investigate {c['config']!r}")
+        else:
+            need = stats.planned_n(rate, m, a, gate.power)
+            why.append(f"equivalence within +-{_pts(m)} pts not shown: {ci}; at the observed flip rate "
+                       f"{100 * rate:.2f}% about " + (f"{need} {c['unit']}s" if need else "more units than planned")
+                       + f" would show it with probability {gate.power:.0%} if there were no difference, this "
+                       f"run has {c['n']}")
     c["verdict"] = verdict
     c["reasons"] = fail + why
 
@@ -337,7 +352,8 @@ def planned_sizes(n_by_task: dict[str, int], gate: GateSettings, n_configs: int,
         rows.append({
             "task": task, "n": n, "margin": m, "family": tests,
             "n_needed": {f"{100 * r:g}%": stats.planned_n(r, m, gate.alpha, gate.power) for r in flip_rates},
-            "mdd": {f"{100 * r:g}%": stats.mdd(stats.planned_se(n, r), gate.alpha / max(tests, 1), gate.power)
+            # the drop d detectable with gate.power, under the alternative itself: discordance flip rate + d
+            "mdd": {f"{100 * r:g}%": stats.mdd_under_drop(n, r, gate.alpha / max(tests, 1), gate.power)
                     for r in flip_rates if r > 0},
         })
     return rows

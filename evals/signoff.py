@@ -140,12 +140,13 @@ def print_plan(rows, gate) -> None:
     print(f"Sample sizes before the run (alpha {gate.alpha}, power {gate.power}):")
     for r in rows:
         need = ", ".join(f"{k} flips: {v if v is not None else '> 200000'}" for k, v in r["n_needed"].items())
-        mdd = ", ".join(f"{100 * v:.2f} pts if {k} flip" for k, v in r["mdd"].items())
+        mdd = ", ".join(f"{100 * v:.2f} pts at {k} flips" for k, v in r["mdd"].items())
         short = r["n_needed"]["0%"]
         warn = (f"  <- n={r['n']} cannot show equivalence within +-{100 * r['margin']:g} pts even with no flips; "
                 f"use at least {short}" if short and r["n"] < short else "")
         print(f"  {r['task']:6s} n={r['n']:<6d} margin +-{100 * r['margin']:g} pts; n for PASS ({need}); "
-              f"difference test MDD (Holm over {r['family']}) {mdd}{warn}")
+              f"drop the difference test detects with power {gate.power:g} (Holm over {r['family']}; the "
+              f"drop's own discordance counted) {mdd}{warn}")
 
 
 HALF = ("bfloat16", "float16")

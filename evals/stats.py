@@ -188,6 +188,18 @@ def mdd(se: float, alpha: float = 0.05, power: float = 0.8) -> float:
     return float((_z(1 - alpha / 2) + _z(power)) * se)
 
 
+def mdd_under_drop(n: int, flip_rate: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable difference of a two-sided z test on n paired items when the difference itself adds
+    discordance: a true drop d turns d of the items one way on top of ``flip_rate`` symmetric flips, so the
+    discordant rate is flip_rate + d and the per-item variance flip_rate + d - d^2. The d with
+    d = k sqrt((flip_rate + d - d^2) / n), k = z(1 - alpha/2) + z(power), in closed form. Larger than
+    mdd(planned_se(n, flip_rate)), which takes the no-difference discordance (what the plan printed before)."""
+    if n <= 0:
+        return float("inf")
+    k2 = (_z(1 - alpha / 2) + _z(power)) ** 2
+    return float((k2 + math.sqrt(k2 * k2 + 4 * (n + k2) * k2 * flip_rate)) / (2 * (n + k2)))
+
+
 def equivalence_mdd(se: float, alpha: float = 0.05, power: float = 0.8) -> float:
     """Smallest margin that TOST shows with probability ``power`` when the true difference is 0."""
     return float((_z(1 - alpha) + _z(1 - (1 - power) / 2)) * se)

@@ -64,6 +64,32 @@ def test_small_sample_is_inconclusive_and_says_what_would_decide():
     assert "not shown" in c["reasons"][0] and "about 368 items would show it" in c["reasons"][0]
 
 
+def test_an_inconclusive_loss_beyond_the_margin_says_so_and_does_not_advise_more_items_for_equivalence():
+    """10 items right only on the baseline, 3 only on the configuration, of 600: a 1.17-pt loss beyond the 1-pt
+    margin that McNemar (p = 0.09) does not call significant. INCONCLUSIVE, and the reason says the data point
+    away from equivalence instead of promising it at a larger size."""
+    golds = [i % 4 for i in range(600)]
+    wrong = lambda lo, hi: [(g + 1) % 4 if lo <= i < hi else g for i, g in enumerate(golds)]  # noqa: E731
+    base, cfg = wrong(10, 13), wrong(0, 10)      # right only on the baseline: 0-9; only on the config: 10-12
+    c = run(mmlu_records(base, golds), mmlu_records(cfg, golds))
+    assert (c["b_base_only"], c["c_cfg_only"]) == (10, 3), (c["b_base_only"], c["c_cfg_only"])
+    assert c["verdict"] == "INCONCLUSIVE", c["reasons"]
+    why = c["reasons"][0]
+    assert "the data point away from it" in why and "probable regression" in why and "would show it" not in why
+    assert "<= delta <=" in why and "at or beyond 0 by construction" in why
+
+
+def test_the_planned_drop_counts_its_own_discordance():
+    """The pre-run power line: the detectable drop d solves d = k sqrt((r + d - d^2) / n) (a drop adds d of
+    one-way flips), larger than the figure taken at the no-difference flip rate."""
+    from dpep_parity.evals import stats
+    n, r, a = 600, 0.01, 0.05 / 10
+    d = stats.mdd_under_drop(n, r, a, 0.8)
+    k = stats.mdd(1.0, a, 0.8)
+    assert d == pytest.approx(k * np.sqrt((r + d - d * d) / n), rel=1e-9)
+    assert d > stats.mdd(stats.planned_se(n, r), a, 0.8) * 1.5
+
+
 def test_no_discordance_needs_the_exact_sample_size():
     """An exact bound, not a floor: with no discordant item n = 368 shows +-1 point, n = 367 does not."""
     for n, verdict in ((367, "INCONCLUSIVE"), (368, "PASS")):

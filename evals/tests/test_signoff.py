@@ -66,7 +66,7 @@ def test_identical_engines_pass(tmp_path, tiny_model, data_dir, shared_out, coun
     for c in rep["comparisons"]:
         assert c["agreement"] == 1.0 and c["b_base_only"] == c["c_cfg_only"] == 0
     assert ("base~aa", "mmlu") in by and any("A/A identical" in n for n in rep["aa"])
-    assert "Sample sizes before the run" in out and "MDD" in out
+    assert "Sample sizes before the run" in out and "drop the difference test detects" in out
     assert out.index("Sample sizes before the run") < out.index("Verdict:")
     for f in ("signoff.md", "signoff.json", "signoff.png"):
         assert (shared_out / f).stat().st_size > 0
