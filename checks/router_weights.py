@@ -68,13 +68,16 @@ def check(results, config: Any, layers: list[int]) -> tuple[bool, str] | None:
             worst = max(worst, float(ratio.max()))
             if over.any():
                 row, slot = (int(t) for t in over.nonzero()[0])
-                ulps = float(err[row, slot] / numerics.ulp(want[row, slot: slot + 1], w.dtype)[0]) \
-                    if w.dtype not in (torch.float32, torch.float64) else float("nan")
+                held = _held_precision(w)
+                ulps = float(err[row, slot] / numerics.ulp(want[row, slot: slot + 1], held)[0]) \
+                    if held not in (torch.float32, torch.float64) else float("nan")
                 bad.append(f"rank {r.rank}: layer {li}: {int(over.sum())} of {over.numel()} weights beyond one "
                            f"rounding of the router's float64 value on its own logits; row {row} expert "
                            f"{int(ids[row, slot])}: weight {float(w[row, slot]):.6g} ({w.dtype}), float64 "
                            f"{float(want[row, slot]):.8g}, off {float(err[row, slot]):.3g}"
                            + (f" = {ulps:.2f} ulp" if ulps == ulps else "")
+                           + (f" of {held} (a {w.dtype} tensor holding only {held} values)"
+                              if held != w.dtype else "")
                            + f" > bound {float(lim[row, slot]):.3g}: " + _cause(ulps))
     if bad:
         return False, "; ".join(bad[:3])
@@ -84,6 +87,21 @@ def check(results, config: Any, layers: list[int]) -> tuple[bool, str] | None:
 def _layer(d: dict, layer: int):
     """A per-layer output keyed by int or, after a JSON round trip, by str."""
     return d.get(layer, d.get(str(layer)))
+
+
+def _held_precision(w: torch.Tensor) -> torch.dtype:
+    """The narrowest dtype whose values `w` holds exactly: a float32 tensor of bfloat16 values was rounded in
+    bfloat16 and cast back (its excess is then read in bfloat16's ulps). Exact zeros and ones say nothing, so
+    only the rows' other weights count; a tensor without such weights keeps its own dtype."""
+    if w.dtype not in (torch.float32, torch.float64):
+        return w.dtype
+    informative = w[(w != 0) & (w != 1)]
+    if not informative.numel():
+        return w.dtype
+    for narrow in (torch.bfloat16, torch.float16):
+        if bool((informative.to(narrow).to(w.dtype) == informative).all()):
+            return narrow
+    return w.dtype
 
 
 def _cause(ulps: float) -> str:

@@ -63,6 +63,18 @@ def test_a_router_rounding_in_bfloat16_fails(how):
     assert not ok and "rounded more than once" in msg and "ulp" in msg, msg
 
 
+@pytest.mark.parametrize("how", ["softmax-bf16", "renorm-bf16"])
+def test_bfloat16_weights_handed_on_in_a_float32_tensor_are_read_in_bfloat16_ulps(how):
+    """SGLang keeps its top-k weights in float32: a renormalisation in bfloat16 cast back (S06) leaves a float32
+    tensor of bfloat16 values, which fails and is diagnosed as a narrower dtype's rounding, not another formula."""
+    lg = router_logits()
+    ids, w = routed(lg, how, torch.bfloat16)
+    ok, msg = router_weights.check([rank(ids, w.float(), lg)], QWEN3, [1])
+    assert not ok and "rounded more than once" in msg and "holding only torch.bfloat16 values" in msg, msg
+    ok, msg = router_weights.check([rank(*routed(lg, "float32", torch.float32), lg)], QWEN3, [1])
+    assert ok, msg
+
+
 def test_without_renormalisation_an_early_rounding_is_the_correct_one():
     """Qwen2-MoE (norm_topk_prob False): a bfloat16 softmax rounds each probability once, as the float32 router's
     final cast does: nothing to catch, and nothing caught."""
