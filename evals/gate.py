@@ -89,6 +89,22 @@ def outcomes(p: Paired, measure: str, gate: GateSettings):
     return tasks.measure(measure).outcomes(p, gate)
 
 
+def token_errors(p: Paired, truth: dict[str, dict]) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
+    """Per document, the baseline's and the configuration's reference-token errors |log p - log p_truth|
+    against the float64 truth run, and the document ids."""
+    eb, ec, docs = [], [], []
+    for rb, rc in zip(p.base, p.cfg, strict=True):
+        t = truth.get(rb["doc_id"])
+        if t is None or t["prompt_hash"] != rb["prompt_hash"] or len(t["gold_logprob"]) != len(rb["gold_logprob"]):
+            raise PairingError(f"gsm8k-gold: the float64 truth run has no matching reference tokens for "
+                               f"{rb['doc_id']} (a cache from other data or settings); delete its cache and rerun")
+        tt = np.asarray(t["gold_logprob"], dtype=float)
+        eb.append(np.abs(np.asarray(rb["gold_logprob"], dtype=float) - tt))
+        ec.append(np.abs(np.asarray(rc["gold_logprob"], dtype=float) - tt))
+        docs.append(rb["doc_id"])
+    return eb, ec, docs
+
+
 def error_test(p: Paired, truth: dict[str, dict], gate: GateSettings) -> dict:
     """The tolerance model (checks.numerics) on served outputs: per reference token, the error of its
     log-probability against the float64 truth, for the configuration (e_c) and for the baseline in the same
@@ -97,32 +113,23 @@ def error_test(p: Paired, truth: dict[str, dict], gate: GateSettings) -> dict:
     the documents' sums of e_c - FACTOR * e_b (documents are the clusters: a wrong step corrupts the K/V of
     every later token of its request) with a one-sided sign-flip test. Measured on the default fixture in
     bfloat16 (docs/evals.md, "The tolerance test"): correct layouts 1.00-1.07x; catalog mutant M08 (the MoE
-    output reduced twice in idle-rank decode steps) 1.76x, inside the bound: it is caught by the per-token rule.
+    output reduced twice in idle-rank decode steps) 1.76x, inside the bound.
 
-    A fault confined to a few documents barely moves that mean, and a sign-flip test over documents cannot
-    reject on a handful of them; the tolerance model's per-row bound catches it: no token may err more than
-    FACTOR times the largest error the baseline makes on any token (the model's noise pooled over rows; the
-    largest errors in half precision come from the dtype itself, a router near-tie that every run in that
-    dtype resolves alike, so they are shared by the baseline). Tokens beyond it are counted in `beyond`."""
-    eb, ec, sums, docs = [], [], [], []
-    for rb, rc in zip(p.base, p.cfg, strict=True):
-        t = truth.get(rb["doc_id"])
-        if t is None or t["prompt_hash"] != rb["prompt_hash"] or len(t["gold_logprob"]) != len(rb["gold_logprob"]):
-            raise PairingError(f"gsm8k-gold: the float64 truth run has no matching reference tokens for "
-                               f"{rb['doc_id']} (a cache from other data or settings); delete its cache and rerun")
-        tt = np.asarray(t["gold_logprob"], dtype=float)
-        b = np.abs(np.asarray(rb["gold_logprob"], dtype=float) - tt)
-        c = np.abs(np.asarray(rc["gold_logprob"], dtype=float) - tt)
-        eb.append(b)
-        ec.append(c)
-        sums.append(float((c - FACTOR * b).sum()))
-        docs.append(rb["doc_id"])
+    A fault confined to some tokens barely moves that mean; the tail test (`stats.tail_signflip`, in
+    `tail`) asks whether the configuration's errors, divided by FACTOR, own more of the pooled largest errors
+    than a rerun of the baseline would, at every tail size, with the documents' sign flips: a run's own
+    router near-tie flips (heavy-tailed, as likely in either run) cannot drive it. Both tests join the Holm
+    family. `beyond` (tokens erring more than FACTOR times the baseline's largest error) is reported only:
+    an extreme-value comparison whose level is not controlled (docs/evals.md)."""
+    eb, ec, docs = token_errors(p, truth)
+    sums = [float((c - FACTOR * b).sum()) for b, c in zip(eb, ec)]
     eb_all, ec_all = (np.concatenate(x) if x else np.zeros(0) for x in (eb, ec))
     mb, mc = (float(x.mean()) if x.size else 0.0 for x in (eb_all, ec_all))
     ratio = mc / mb if mb > 0 else (math.inf if mc > 0 else 1.0)
     largest_b = float(eb_all.max()) if eb_all.size else 0.0
     worst = int(np.argmax(sums)) if sums else None
     peak = int(np.argmax([x.max() if x.size else 0.0 for x in ec])) if ec else None
+    tail = stats.tail_signflip(eb, [c / FACTOR for c in ec], gate.symmetry_draws, gate.seed)
     return {
         "factor": FACTOR, "err_base": mb, "err_cfg": mc, "ratio": ratio,
         "max_base": largest_b, "max_cfg": float(ec_all.max()) if ec_all.size else 0.0,
@@ -131,6 +138,10 @@ def error_test(p: Paired, truth: dict[str, dict], gate: GateSettings) -> dict:
         "peak_doc": docs[peak] if peak is not None else None,
         "p": stats.signflip_greater(sums, gate.symmetry_draws, gate.seed),
         "method": f"one-sided sign-flip test over {len(sums)} documents",
+        "tail": {"p": tail.p, "size": tail.size, "cfg_tokens": tail.cfg, "base_tokens": tail.base,
+                 "statistic": tail.statistic,
+                 "worst_doc": docs[tail.worst_cluster] if tail.worst_cluster is not None else None,
+                 "method": f"tail sign-flip test over {len(docs)} documents (tails of 1, 2, 4, ... pooled tokens)"},
     }
 
 
@@ -204,33 +215,40 @@ def _pts(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-TESTS = ("p_diff", "symmetry", "error")   # the difference test; the symmetry test (answer letters: MMLU); the
-#                                           tolerance test (gsm8k-gold)
+TESTS = ("p_diff", "symmetry", "error", "tail")   # the difference test; the symmetry test (answer letters:
+#                                                   MMLU); the tolerance test's pooled and tail tests (gsm8k-gold)
+
+
+def _test(c: dict, key: str) -> dict | None:
+    """The record of one of a comparison's tests other than the difference test (its `p`, its `p_holm`)."""
+    if key == "tail":
+        return (c.get("error") or {}).get("tail")
+    return c.get(key)
 
 
 def family(comparisons: list[dict]) -> list[tuple[int, str]]:
     """The error-controlled family: the difference test of every configuration comparison, the symmetry test
-    of every one with answer letters (MMLU) and the tolerance test of every one with a truth run (gsm8k-gold).
-    A/A comparisons are diagnostics, not in it."""
+    of every one with answer letters (MMLU) and the tolerance test's pooled and tail tests of every one with a
+    truth run (gsm8k-gold). A/A comparisons are diagnostics, not in it."""
     return [(i, key) for i, c in enumerate(comparisons) if c["kind"] == "config"
-            for key in TESTS if key == "p_diff" or c.get(key)]
+            for key in TESTS if key == "p_diff" or _test(c, key)]
 
 
 def decide(comparisons: list[dict], gate: GateSettings) -> None:
     """Holm-adjust the family over the sign-off and set each comparison's verdict."""
     fam = family(comparisons)
-    raw = [comparisons[i]["p_diff"] if key == "p_diff" else comparisons[i][key]["p"] for i, key in fam]
+    raw = [comparisons[i]["p_diff"] if key == "p_diff" else _test(comparisons[i], key)["p"] for i, key in fam]
     adjusted = stats.holm(raw)
     for c in comparisons:
         c["p_diff_holm"] = c["p_diff"] if c["kind"] != "config" else None
         for key in TESTS[1:]:
-            if c.get(key):
-                c[key]["p_holm"] = c[key]["p"] if c["kind"] != "config" else None
+            if _test(c, key):
+                _test(c, key)["p_holm"] = _test(c, key)["p"] if c["kind"] != "config" else None
     for (i, key), adj in zip(fam, adjusted):
         if key == "p_diff":
             comparisons[i]["p_diff_holm"] = adj
         else:
-            comparisons[i][key]["p_holm"] = adj
+            _test(comparisons[i], key)["p_holm"] = adj
     for c in comparisons:
         c["n_tests"] = len(raw)
         c["mdd"] = stats.mdd(max(c["se_delta"], stats.agresti_min_se(c["b_base_only"], c["c_cfg_only"], c["n"])),
@@ -263,10 +281,14 @@ def _verdict(c: dict, gate: GateSettings) -> None:
         if err["p_holm"] < a:
             fail.append(f"{what}, worst document {err['worst_doc']}): a computation fault, not rounding "
                         f"({err['method']} p={err['p']:.2g}, Holm-adjusted p={err['p_holm']:.2g} < {a})")
-        if err["beyond"]:
-            fail.append(f"{err['beyond']} reference tokens err more than the tolerance model's per-token bound "
-                        f"({err['factor']:g}x the baseline's largest error, {err['max_base']:.3g} nats): up to "
-                        f"{err['max_cfg']:.3g} nats, in document {err['peak_doc']}: a computation fault")
+        tail = err["tail"]
+        if tail["p_holm"] < a:
+            fail.append(f"the configuration's errors, divided by {err['factor']:g}, own {tail['cfg_tokens']} of "
+                        f"the {tail['cfg_tokens'] + tail['base_tokens']} largest pooled reference-token errors "
+                        f"(a tail of {tail['size']}) against the baseline's {tail['base_tokens']}; most in "
+                        f"document {tail['worst_doc']}; largest {err['max_cfg']:.3g} nats in document "
+                        f"{err['peak_doc']}: a computation fault ({tail['method']} p={tail['p']:.2g}, "
+                        f"Holm-adjusted p={tail['p_holm']:.2g} < {a})")
         if len(fail) == failed_before:
             why.append(f"within the tolerance model: {what})")
     if gate.min_agreement is not None and c["agreement"] < gate.min_agreement:

@@ -44,6 +44,9 @@ class ServingEngine:
         self.in_flight = in_flight
         Scheduler(dp, policy, max_running, max_prefill_tokens, in_flight)   # validates the settings now
         self.stats: Counter = Counter({k: 0 for k in STAT_KEYS})
+        # called after every step with (plan, {dp rank: one of its ranks' model-unit outputs}): what the step
+        # computed beyond the logits (the routing each token got: evals.near_ties)
+        self.on_step: Callable[[Plan, dict], None] | None = None
         self.world = get_world(self.layout.tp, device, deadline_s)
 
     # ------------------------------------------------------------------ the ForwardEngine protocol
@@ -102,6 +105,8 @@ class ServingEngine:
         for r in results:           # the DP group's ranks return the same logits: take one per DP rank
             by_dp.setdefault(lay.dp_rank(r.rank), r.value)
         self._count(batch, {v.get("padding_mode") for v in by_dp.values()})
+        if self.on_step is not None:
+            self.on_step(plan, by_dp)
         out = []
         for d, entries in enumerate(plan.per_dp):
             rows = by_dp[d]["logits"]

@@ -102,6 +102,25 @@ def test_a_router_renormalising_in_bfloat16_is_caught_by_its_weights():
         assert router and not router[0].ok and "rounded more than once" in router[0].message, bad.report()
 
 
+def test_an_idle_rank_skipping_the_gathers_all_reduce_is_diagnosed_as_a_hang():
+    """S07 (catalog B02's class inside SGLang): the idle DP rank returns from the SUM_LEN gather without entering
+    its all-reduce, so the busy rank waits for it forever. The moe unit's world reports a liveness failure that
+    names the rank that skipped, long before the deadline; unmutated SGLang passes the same idle-rank example.
+    The model unit reaches the same hang but the skipping rank then runs outside any recorded collective, so it
+    ends at the deadline undiagnosed: a recorded limit (docs/sglang.md), not asserted here (300 s of CI)."""
+    import time
+    model, batch = str(fixture_path("qwen3-moe")), parse_batch("dp0:0+3 dp1:idle seed=6")
+    good = run_example("sglang", "moe", model, Layout(2, 2, 2), batch, "float32", 1, deadline_s=300)
+    assert good.ok, good.report()
+    start = time.monotonic()
+    bad = run_example("checks.targets.sglang.mutants:S07", "moe", model, Layout(2, 2, 2), batch, "float32", 1,
+                      deadline_s=120)
+    took = time.monotonic() - start
+    hang = [c for c in bad.failures() if c.prop == "liveness"]
+    assert hang and "skipped" in hang[0].message, bad.report()
+    assert took < 60, f"diagnosed only after {took:.0f} s"
+
+
 F3_PROBE = """
 from dpep_parity.checks.targets.sglang import cpu_shims
 cpu_shims.install_import_shims()

@@ -212,7 +212,9 @@ class GSM8KTask(EvalTask):
         return ["gsm8k", "gsm8k-gold"] if gold and p.base else ["gsm8k"]
 
     def tests(self, in_process, truth):
-        return 1 + bool(in_process) + bool(truth)
+        """gsm8k's difference test; gsm8k-gold's (in-process engines); the tolerance test's pooled and tail
+        tests (with a truth run)."""
+        return 1 + bool(in_process) + 2 * bool(truth)
 
 
 TASK = GSM8KTask()

@@ -21,9 +21,9 @@ def test_shipped_tasks_are_discovered_with_their_measures():
     assert tasks.default_margins() == {"mmlu": 1.0, "gsm8k": 2.0, "gsm8k-gold": 1.0}
     assert tasks.get("gsm8k").truth_measure == "gsm8k-gold"
     assert tasks.runner_of("gsm8k-gold") == tasks.get("gsm8k").run_truth
-    # planned family per configuration: MMLU difference + symmetry; GSM8K + gold + tolerance when in-process
+    # planned family per configuration: MMLU difference + symmetry; GSM8K + gold + tolerance (pooled, tail)
     assert tasks.get("mmlu").tests(True, True) == 2
-    assert [tasks.get("gsm8k").tests(p, t) for p, t in ((False, False), (True, False), (True, True))] == [1, 2, 3]
+    assert [tasks.get("gsm8k").tests(p, t) for p, t in ((False, False), (True, False), (True, True))] == [1, 2, 4]
     with pytest.raises(KeyError, match="unknown eval task 'nope'"):
         tasks.get("nope")
 

@@ -16,6 +16,7 @@ them, and that the suite's properties fail when those go wrong:
 | S04 | the MoE output's sum runs twice (`moe.utils._post_experts_sum`) | B14 |
 | S05 | the MoE output's sum is skipped: each rank keeps its partial sum (`moe.utils._post_experts_sum`) | SGLang #36884 (GLM's missing post-MoE combine) |
 | S06 | the router's top-k weights renormalised in the activation dtype (`moe.topk.select_experts`; bfloat16 runs) | catalog P05 |
+| S07 | an idle DP rank returns from the SUM_LEN gather without entering its all-reduce (`dp_attention._dp_gather_via_all_reduce`) | B02 (idle rank skips a collective: the server hangs) |
 """
 from __future__ import annotations
 
@@ -121,6 +122,17 @@ def _s06():
     return _patch_everywhere("sglang.srt.layers.moe.topk", "select_experts", make)
 
 
+def _s07():
+    def make(original):
+        def _dp_gather_via_all_reduce(global_tokens, local_tokens, forward_batch, is_partial, *args, **kwargs):
+            if local_tokens.shape[0] == 0:          # an idle DP rank: nothing of its own to add, so it skips
+                global_tokens.fill_(0)              # the gather's all-reduce, which its peers are waiting in
+                return
+            return original(global_tokens, local_tokens, forward_batch, is_partial, *args, **kwargs)
+        return _dp_gather_via_all_reduce
+    return _patch_everywhere("sglang.srt.layers.dp_attention", "_dp_gather_via_all_reduce", make)
+
+
 @dataclass(frozen=True)
 class Mutant:
     id: str
@@ -135,6 +147,7 @@ MUTANTS = {m.id: m for m in (
     Mutant("S04", "MoE output summed twice (_post_experts_sum)", _s04),
     Mutant("S05", "MoE output's sum skipped, partial sums kept (_post_experts_sum)", _s05),
     Mutant("S06", "top-k weights renormalised in the activation dtype (select_experts)", _s06),
+    Mutant("S07", "an idle DP rank skips the SUM_LEN gather's all-reduce (_dp_gather_via_all_reduce)", _s07),
 )}
 
 
@@ -165,4 +178,4 @@ def _patched(mutant: Mutant):
         undo()
 
 
-S01, S02, S03, S04, S05, S06 = (SGLangMutant(i) for i in MUTANTS)
+S01, S02, S03, S04, S05, S06, S07 = (SGLangMutant(i) for i in MUTANTS)
