@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "calibrate": ("checks.calibrate", (), "calibrate the tolerance model on split-K GEMMs"),
     "bench": ("checks.bench_gpu", (), "the GPU tier's figures: bench | tolerance | gemm (docs/gpu.md)"),
     "bench-harness": ("checks.bench_harness", (), "harness throughput: world start and examples per second"),
+    "bench-recovery": ("checks.bench_recovery", (), "time to recover from a hang: restart forked or spawned"),
 }
 
 EPILOG = """\

@@ -130,7 +130,8 @@ def request_rows(target: str, unit: str, model_dir: str, ctx: Context, dtype: st
     from dpep_parity.checks.unitjob import UnitJob
     from dpep_parity.checks.world import WorldFailure, get_world
     d, i = ctx.where(stream)
-    world = get_world(ctx.layout.tp, device, deadline_s)
+    from dpep_parity.checks.targets.protocol import resolve
+    world = get_world(ctx.layout.tp, device, deadline_s, preload=getattr(resolve(target), "preload_modules", ()))
     try:
         results = world.run(UnitJob(target, unit, model_dir, ctx.layout, ctx.batch, dtype, layer))
     except WorldFailure as e:

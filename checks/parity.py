@@ -221,7 +221,7 @@ def run_example(target: str, unit: str, model_dir: str, layout: Layout, batch: B
         # the scheduler's rule: with every DP rank idle no forward runs at all, so none is sent
         res.skipped = "every DP rank is idle: the engine runs no forward, there is nothing to compare"
         return res
-    world = get_world(layout.tp, device, deadline_s)
+    world = get_world(layout.tp, device, deadline_s, preload=getattr(tgt, "preload_modules", ()))
     job = UnitJob(target, unit, str(model_dir), layout, batch, dtype, layer, poison=poison, build_id=build_id)
     try:
         results = world.run(job)

@@ -11,6 +11,7 @@ import functools
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -108,6 +109,8 @@ class Recorder:
         return recorded
 
     def install(self):
+        global _ACTIVE
+        _ACTIVE = self
         for op in _OPS:
             fn = getattr(dist, op, None)
             if fn is not None and not getattr(fn, "_dpep_recorded", False):
@@ -118,6 +121,28 @@ class Recorder:
                 # the distributed_c10d module is where torch itself looks them up.
                 if hasattr(dist.distributed_c10d, op):
                     setattr(dist.distributed_c10d, op, w)
+
+
+_ACTIVE: Recorder | None = None      # this rank's recorder, once installed
+
+
+@contextmanager
+def setup_phase(what: str):
+    """Mark a rank's set-up (imports, a model build, an engine's parallel state): the parent times it against
+    the world's set-up deadline instead of the example's collective deadline (checks.world, World.run). Outside
+    a world's rank (no recorder installed) it does nothing. Phases do not nest: an inner one is part of the
+    outer."""
+    rec = _ACTIVE
+    if rec is None or getattr(rec, "_in_setup", False):
+        yield
+        return
+    rec._in_setup = True
+    rec._send(("setup", what))
+    try:
+        yield
+    finally:
+        rec._in_setup = False
+        rec._send(("setup", None))
 
 
 _SKIP = (os.sep + "torch" + os.sep, "recorder.py", "functools.py")

@@ -12,6 +12,7 @@ import torch
 from dpep_parity.checks import units
 from dpep_parity.checks.batches import DTYPES, Batch, Request
 from dpep_parity.checks.poison import poisoned
+from dpep_parity.checks.recorder import setup_phase
 from dpep_parity.checks.targets.protocol import (
     BuildEnv,
     Groups,
@@ -71,7 +72,8 @@ class UnitJob:
     def _run(self, ctx) -> dict:
         if ctx.world_size != self.layout.tp:
             raise RuntimeError(f"world of {ctx.world_size} ranks cannot run layout {self.layout}")
-        config, weights = load_weights(self.model_dir)
+        with setup_phase("loading the checkpoint"):
+            config, weights = load_weights(self.model_dir)
         groups = make_groups(ctx, self.layout)
         key = ("built", self.target, self.unit, self.model_dir, self.layout, self.dtype, self.layer, self.build_id)
         if self.build_id:   # one stateful run's build at a time: drop the builds of earlier runs
@@ -84,7 +86,7 @@ class UnitJob:
             dev = torch.device(ctx.device if ctx.device == "cpu" else f"cuda:{torch.cuda.current_device()}")
             env = BuildEnv(config, weights, self.layout, ctx.rank, groups, DTYPES[self.dtype], dev, self.layer,
                            self.poison)
-            with poisoned(self.poison):
+            with poisoned(self.poison), setup_phase(f"building {self.target}'s {self.unit} unit"):
                 ctx.cache[key] = (target, target.build(self.unit, env))
         target, built = ctx.cache[key]
         dp_rank = self.layout.dp_rank(ctx.rank)

@@ -8,6 +8,10 @@
   (after a short quiet period) with the rank, the collective and where every other rank is. A deadline
   backs this up for hangs outside collectives. After a hang the world is killed, no process left, and
   restarted on next use.
+- Ranks of a CPU world whose target names modules to preload (`preload_modules`: SGLang's 8-15 s of imports)
+  are forked from multiprocessing's forkserver, which imported them once; so a restart after a hang costs
+  a fork and a process group, not the imports again (docs/harness.md, "Recovering from a hang"). Other worlds,
+  and every CUDA world (CUDA must not be initialised before a fork), are spawned.
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ class _RankState:
     value: Any = None
     seconds: float = 0.0
     died: bool = False
+    setup: str | None = None            # the set-up phase the rank is in (recorder.setup_phase), if any
 
     def issued_on(self, group: tuple[int, ...]) -> int:
         return sum(1 for r in self.records if r.group == group)
@@ -95,15 +100,33 @@ def describe_backends(world_sizes, gpus: int) -> str:
 AFTER_ERROR_S = 10.0    # how long the other ranks get once one has raised (World.__init__)
 
 
+def setup_deadline_default() -> float:
+    """Seconds a rank's set-up may take (joining the world; a phase marked by recorder.setup_phase: imports, a
+    model build, an engine's parallel state), apart from the example's collective deadline: a slow import on a
+    loaded machine is not a hang, and a short collective deadline stays usable. DPEP_SETUP_DEADLINE overrides
+    the default of 600 s."""
+    try:
+        return float(os.environ.get("DPEP_SETUP_DEADLINE", "600"))
+    except ValueError:
+        raise ValueError(f"DPEP_SETUP_DEADLINE={os.environ['DPEP_SETUP_DEADLINE']!r} is not a number of seconds") from None
+
+
 class World:
     """N rank processes. `run(job)` sends the same job to every rank and returns their results."""
     after_error_s = AFTER_ERROR_S   # see __init__ (the default of worlds that define their own __init__)
+    setup_deadline_s: float | None = None   # likewise
+
+    def setup_limit(self) -> float:
+        """This world's set-up deadline in seconds (setup_deadline_default() unless given)."""
+        return setup_deadline_default() if self.setup_deadline_s is None else self.setup_deadline_s
 
     def __init__(self, size: int, device: str = "cpu", deadline_s: float = 120.0, quiet_s: float = 1.5,
-                 rank_env: dict[str, str] | None = None, after_error_s: float = AFTER_ERROR_S):
+                 rank_env: dict[str, str] | None = None, after_error_s: float = AFTER_ERROR_S,
+                 setup_deadline_s: float | None = None):
         self.size = size
         self.device = device
         self.deadline_s = deadline_s
+        self.setup_deadline_s = setup_deadline_s       # None: setup_deadline_default() (read at each use)
         self.quiet_s = quiet_s
         # Once a rank has raised, the example's verdict is that error whatever the others do: they get this
         # long to finish or raise too, then the world ends them. A rank left waiting on the one that raised,
@@ -111,11 +134,14 @@ class World:
         # example until its deadline (minutes) for no further evidence. A liveness budget, not a tolerance.
         self.after_error_s = after_error_s
         self.rank_env = rank_env or {}
+        self.preload: set[str] = set()      # modules the ranks import: see _rank_context (grows, never shrinks)
+        self.forked = False                 # this start's ranks came from the forkserver (else spawned)
         self.backend, self.rank_device = choose_backend(size, device)
         self._procs: list[mp.Process] = []
         self._conns: list = []
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.starts = 0
+        self.start_seconds: list[float] = []    # each start, until every rank joined its process group
 
     # ---------------- lifecycle ----------------
     @property
@@ -126,22 +152,29 @@ class World:
         if self.alive:
             return self
         self.close()
-        ctx = mp.get_context("spawn")
+        t0 = time.monotonic()
+        ctx = _rank_context(self.rank_device, self.preload)
+        self.forked = ctx.get_start_method() == "forkserver"
         self._tmp = tempfile.TemporaryDirectory(prefix="dpep-world-")
         init = os.path.join(self._tmp.name, "rendezvous")
+        # a forked rank starts from the forkserver's environment, a spawned one from this process's at its
+        # start: both get this process's environment now (a test's or a user's variables), then rank_env
+        env = {**os.environ, **self.rank_env}
         for rank in range(self.size):
             parent, child = ctx.Pipe(duplex=True)
             p = ctx.Process(target=_rank_main, name=f"dpep-rank{rank}",
                             args=(rank, self.size, init, child, self.backend, self.rank_device,
-                                  self.rank_env, self.deadline_s), daemon=True)
+                                  env, self.deadline_s), daemon=True)
             p.start()
             child.close()
             self._procs.append(p)
             self._conns.append(parent)
-        for rank, c in enumerate(self._conns):   # wait for every rank's process group
-            if not c.poll(self.deadline_s):
+        joined_by = time.monotonic() + self.setup_limit()
+        for rank, c in enumerate(self._conns):   # wait for every rank's process group: set-up, its own deadline
+            if not c.poll(max(0.0, joined_by - time.monotonic())):
                 self.close()
-                raise WorldFailure("died", f"rank {rank} did not join the world within {self.deadline_s}s")
+                raise WorldFailure("died", f"rank {rank} did not join the world within its set-up deadline of "
+                                   f"{self.setup_limit():.0f}s (DPEP_SETUP_DEADLINE)")
             try:
                 msg = transport.loads(c.recv_bytes())
             except (EOFError, OSError):
@@ -150,6 +183,7 @@ class World:
                 self.close()
                 raise WorldFailure("died", f"rank {rank} failed to start:\n{msg[1]}")
         self.starts += 1
+        self.start_seconds.append(time.monotonic() - t0)
         _LIVE.add(self)
         return self
 
@@ -196,6 +230,7 @@ class World:
             c.send_bytes(payload)
         states = [_RankState() for _ in range(self.size)]
         deadline = time.monotonic() + (deadline_s or self.deadline_s)
+        setup_since = None       # while some rank is in a set-up phase: when that began (not on the deadline)
         last_event = time.monotonic()
         first_error = None
         conn_rank = {id(c): r for r, c in enumerate(self._conns)}
@@ -228,7 +263,17 @@ class World:
                 self._fail("rank-error", f"rank(s) {raised} raised and the others did not finish within "
                            f"{self.after_error_s:.0f}s of it (waiting on it outside a recorded collective, or "
                            "still computing)\n" + where_is_everyone(states), states)
-            if now > deadline:
+            in_setup = [(r, s.setup) for r, s in enumerate(states) if s.setup and not s.finished]
+            if in_setup and setup_since is None:
+                setup_since = now
+            elif not in_setup and setup_since is not None:
+                deadline += now - setup_since           # set-up time is not the example's
+                setup_since = None
+            if setup_since is not None and now - setup_since > self.setup_limit():
+                self._fail("deadline", f"set-up exceeded its {self.setup_limit():.0f}s deadline "
+                           "(DPEP_SETUP_DEADLINE): " + ", ".join(f"rank {r} in {w}" for r, w in in_setup)
+                           + "\n" + where_is_everyone(states), states)
+            if setup_since is None and now > deadline:
                 self._fail("deadline", f"example exceeded its {deadline_s or self.deadline_s:.0f}s deadline\n"
                            + where_is_everyone(states), states)
         errors = [(r, s.error) for r, s in enumerate(states) if s.error]
@@ -279,6 +324,8 @@ def _apply(state: _RankState, msg):
         state.waiting = msg[1]
     elif kind == "exit":
         state.waiting = None
+    elif kind == "setup":
+        state.setup = msg[1]
     elif kind == "done":
         state.finished, state.value, state.seconds = True, msg[1], msg[2]
         state.waiting = None
@@ -330,6 +377,8 @@ def where_is_everyone(states: list[_RankState]) -> str:
             where = "raised an error"
         elif s.finished:
             where = f"finished after {len(s.records)} collective(s)"
+        elif s.setup and s.waiting is None:
+            where = f"in set-up ({s.setup})"
         elif s.waiting is not None:
             where = f"blocked in {s.waiting.short()}"
         else:
@@ -368,6 +417,7 @@ def _rank_main(rank, size, init_file, conn, backend, device, env, timeout_s):
     def send(msg):
         conn.send_bytes(transport.dumps(msg))
     try:
+        os.environ.clear()          # exactly the starting process's environment (see World.start)
         os.environ.update(env)
         if os.environ.get("DPEP_RANK_LOG"):   # audit trail: every rank process that starts says so (tests of
             with open(os.environ["DPEP_RANK_LOG"], "a") as f:     # bad input check that none started)
@@ -421,6 +471,46 @@ def serve_jobs(conn, ctx: RankContext, send) -> bool:
                 send(("error", f"{traceback.format_exc()}", isinstance(e, HarnessFault)))
             except OSError:     # the parent dropped the connection while this job failed (a peer's hang)
                 return False
+
+
+# ---------------- how rank processes start ----------------
+_FORKSERVER_PRELOAD: frozenset[str] = frozenset()
+
+
+def _rank_context(device: str, preload: set[str]):
+    """spawn, or for a CPU world with modules to preload multiprocessing's forkserver with them preloaded.
+
+    The forkserver is one per process and imports its preload list when it starts; when a world asks for a
+    module it lacks, it is stopped (after closing the worlds it forked) and the next rank start launches one that imports
+    the union. Why the standard forkserver: it is exactly "processes forked from a pre-imported parent", with
+    its own handling of fds, sentinels and `__main__`; only the restart uses its private `_stop` (what CPython's own tests stop it with),
+    and where that is missing the running server is kept and ranks import what it lacks themselves (slower,
+    still correct). A preload module that fails to import is skipped by the forkserver; the rank then imports
+    it and reports the error as it always did. CUDA worlds spawn: a forked rank cannot initialise CUDA if the
+    parent did, and importing a GPU library may."""
+    global _FORKSERVER_PRELOAD
+    if (device != "cpu" or not preload or "fork" not in mp.get_all_start_methods()
+            or os.environ.get("DPEP_WORLD_PRELOAD") == "off"):      # off: every world spawns (an A/B, a doubt)
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    want = _FORKSERVER_PRELOAD | frozenset(preload) | {"dpep_parity.checks.world", "torch.distributed"}
+    if want != _FORKSERVER_PRELOAD:
+        from multiprocessing import forkserver
+        server = forkserver._forkserver
+        if getattr(server, "_forkserver_pid", None) is not None:
+            stop = getattr(server, "_stop", None)
+            if stop is None:
+                return ctx               # keep the running server: ranks import the rest themselves
+            # Ranks forked by the old server outlive it, but their exit status travels through it: once it is
+            # gone they would read as dead and escape close()'s kill. So their worlds end first (restarted on
+            # next use, from the new server).
+            for w in list(_LIVE):
+                if getattr(w, "forked", False):
+                    w.close()
+            stop()
+        ctx.set_forkserver_preload(sorted(want))
+        _FORKSERVER_PRELOAD = want
+    return ctx
 
 
 # ---------------- which kind of world: local pools, or a torchrun world ----------------
@@ -494,9 +584,11 @@ _POOL: dict[tuple, World] = {}
 _LOCAL_NOTED: set[int] = set()
 
 
-def get_world(size: int, device: str = "cpu", deadline_s: float = 120.0, **kw) -> World:
+def get_world(size: int, device: str = "cpu", deadline_s: float = 120.0, preload=(), **kw) -> World:
     """One world per (size, device) per test process, reused across examples; under `--world torchrun` the
-    one torchrun world (checks.torchrun_world), whose size is fixed by its agents."""
+    one torchrun world (checks.torchrun_world), whose size is fixed by its agents. `preload`: modules the job's
+    target imports on the ranks (its `preload_modules`): the world's next start forks its ranks from a process
+    that imported them (_rank_context); a running world is not restarted for them."""
     settings = world_settings()
     if settings.kind == "torchrun" and settings.size in (None, size):
         from dpep_parity.checks.torchrun_world import shared_world
@@ -514,6 +606,7 @@ def get_world(size: int, device: str = "cpu", deadline_s: float = 120.0, **kw) -
     if w is None:
         w = _POOL[key] = World(size, device, deadline_s, **kw)
     w.deadline_s = deadline_s
+    w.preload |= set(preload)
     return w.start()
 
 

@@ -37,7 +37,7 @@ class ServingEngine:
         self.model_dir, self.target, self.dtype, self.device = str(model_dir), target, dtype, device
         config, _ = load_weights(self.model_dir)
         self.layout = validate(Layout(tp, dp, ep), config)
-        resolve(target)   # fail before any rank starts
+        tgt = resolve(target)   # fail before any rank starts
         self.name = f"{target}:{self.layout}:{dtype}"
         self.deadline_s = deadline_s
         self.policy, self.max_running, self.max_prefill_tokens = policy, max_running, max_prefill_tokens
@@ -47,7 +47,7 @@ class ServingEngine:
         # called after every step with (plan, {dp rank: one of its ranks' model-unit outputs}): what the step
         # computed beyond the logits (the routing each token got: evals.near_ties)
         self.on_step: Callable[[Plan, dict], None] | None = None
-        self.world = get_world(self.layout.tp, device, deadline_s)
+        self.world = get_world(self.layout.tp, device, deadline_s, preload=getattr(tgt, "preload_modules", ()))
 
     # ------------------------------------------------------------------ the ForwardEngine protocol
     def forward(self, requests: list[list[int]]) -> list[torch.Tensor]:

@@ -58,3 +58,31 @@ class Sleep:
         import time
         time.sleep(self.seconds)
         return ctx.rank
+
+
+@dataclass(frozen=True)
+class LoadedModules:
+    """Which of `names` the rank had imported before this job ran, and its value of environment variable `env`."""
+    names: tuple[str, ...]
+    env: str = ""
+
+    def __call__(self, ctx):
+        import os
+        import sys
+        return [n in sys.modules for n in self.names], os.environ.get(self.env) if self.env else None
+
+
+@dataclass(frozen=True)
+class SleepInSetup:
+    """Every rank spends `setup` seconds in a marked set-up phase, then `after` seconds outside it."""
+    setup: float
+    after: float = 0.0
+
+    def __call__(self, ctx):
+        import time
+
+        from dpep_parity.checks.recorder import setup_phase
+        with setup_phase("a slow import"):
+            time.sleep(self.setup)
+        time.sleep(self.after)
+        return ctx.rank

@@ -107,7 +107,8 @@ def test_an_idle_rank_skipping_the_gathers_all_reduce_is_diagnosed_as_a_hang():
     its all-reduce, so the busy rank waits for it forever. The moe unit's world reports a liveness failure that
     names the rank that skipped, long before the deadline; unmutated SGLang passes the same idle-rank example.
     The model unit reaches the same hang but the skipping rank then runs outside any recorded collective, so it
-    ends at the deadline undiagnosed: a recorded limit (docs/sglang.md), not asserted here (300 s of CI)."""
+    ends at the deadline undiagnosed: a recorded limit (docs/sglang.md), not asserted here (300 s of CI). The world
+    that replaces the hung one starts with SGLang imported (checks.world, `_rank_context`)."""
     import time
     model, batch = str(fixture_path("qwen3-moe")), parse_batch("dp0:0+3 dp1:idle seed=6")
     good = run_example("sglang", "moe", model, Layout(2, 2, 2), batch, "float32", 1, deadline_s=300)
@@ -119,6 +120,16 @@ def test_an_idle_rank_skipping_the_gathers_all_reduce_is_diagnosed_as_a_hang():
     hang = [c for c in bad.failures() if c.prop == "liveness"]
     assert hang and "skipped" in hang[0].message, bad.report()
     assert took < 60, f"diagnosed only after {took:.0f} s"
+    # Recovery: the world that replaces the hung one is forked from the process that imported SGLang (the
+    # target's preload_modules), so its ranks start with SGLang's model registry loaded; the next example passes.
+    from dpep_parity.checks.targets.sglang import SGLangTarget
+    from dpep_parity.checks.tests.jobs import LoadedModules
+    from dpep_parity.checks.world import get_world
+    world = get_world(2, "cpu", 300, preload=SGLangTarget.preload_modules)
+    loaded = [r.value[0] for r in world.run(LoadedModules(("sglang.srt.models.registry",)))]
+    assert world.forked and loaded == [[True], [True]], loaded
+    again = run_example("sglang", "moe", model, Layout(2, 2, 2), batch, "float32", 1, deadline_s=300)
+    assert again.ok, again.report()
 
 
 F3_PROBE = """

@@ -16,21 +16,13 @@ from dpep_parity.checks.batches import Request as R
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.tests.jobs import SkipOnRank
 from dpep_parity.checks.tests.jobs_extra import DieOnRank, PidAndSum
+from dpep_parity.checks.tests.procs import running
 from dpep_parity.checks.topology import Layout
 from dpep_parity.checks.torchrun_world import TorchrunWorld
 from dpep_parity.checks.world import WorldFailure, WorldSettings
 from dpep_parity.fixtures.build import fixture_path
 
 SETTINGS = WorldSettings("torchrun", "127.0.0.1:0", agents=2, nproc=2)
-
-
-def running(pid: int) -> bool:
-    """A live process (not a zombie) with this pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 @contextlib.contextmanager

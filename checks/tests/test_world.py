@@ -9,6 +9,7 @@ import pytest
 
 from dpep_parity.checks.tests.jobs import RaiseOnRank, ShapeMismatch, SkipOnRank, Sleep, SumRanks
 from dpep_parity.checks.tests.jobs_extra import PidAndSum
+from dpep_parity.checks.tests.procs import running as running_anywhere
 from dpep_parity.checks.world import World, WorldFailure
 
 
@@ -164,3 +165,62 @@ def test_a_group_playing_several_roles_is_named_by_all_of_them():
         with pytest.raises(WorldFailure) as e:
             w.run(ReduceOnRole(Layout(4, 4, 4), "tp", idle=3))
         assert "all_reduce on tp/moe_ep[0, 1, 2, 3]" in str(e.value), str(e.value)
+
+
+def test_a_world_with_modules_to_preload_restarts_from_a_process_that_imported_them(monkeypatch):
+    """A CPU world whose target names modules to preload forks its ranks from the forkserver that imported them,
+    so the world that replaces a hung one starts with them imported (the sglang target's 10-20 s of imports per
+    rank: docs/harness.md, "Recovering from a hang"). The ranks see this process's environment as of the start,
+    as spawned ones do, and the hung ranks are ended. Controls: the same world spawned (no preload, or
+    DPEP_WORLD_PRELOAD=off) starts without the module."""
+    from dpep_parity.checks.tests.jobs import LoadedModules
+    probe = LoadedModules(("xml.dom.minidom",), env="DPEP_TEST_PROBE")   # a module no rank imports by itself
+    w = World(2, deadline_s=60)
+    w.preload = {"xml.dom.minidom"}
+    try:
+        monkeypatch.setenv("DPEP_TEST_PROBE", "first")
+        assert [r.value for r in w.run(probe)] == [([True], "first")] * 2 and w.forked
+        pids = w.pids()
+        with pytest.raises(WorldFailure) as e:
+            w.run(SkipOnRank(1))
+        assert e.value.kind == "hang" and "skipped" in str(e.value)
+        assert not any(running_anywhere(p) for p in pids)
+        monkeypatch.setenv("DPEP_TEST_PROBE", "second")
+        assert [r.value for r in w.run(probe)] == [([True], "second")] * 2       # restarted, forked again
+        assert w.starts == 2 and set(w.pids()).isdisjoint(pids)
+        pids = w.pids()
+    finally:
+        w.close()
+    assert pids and not any(running_anywhere(p) for p in pids)          # closed: the forked ranks are ended too
+    for preload, env in ((set(), None), ({"xml.dom.minidom"}, "off")):       # controls: spawned
+        if env:
+            monkeypatch.setenv("DPEP_WORLD_PRELOAD", env)
+        c = World(2, deadline_s=60)
+        c.preload = preload
+        try:
+            assert [r.value[0] for r in c.run(probe)] == [[False]] * 2 and not c.forked
+        finally:
+            c.close()
+
+
+def test_set_up_has_its_own_deadline_apart_from_the_examples():
+    """Time a rank spends in a marked set-up phase (recorder.setup_phase: imports, a model build) counts against
+    the world's set-up deadline, not the example's: a set-up longer than the example's deadline passes, one
+    longer than the set-up deadline fails naming the phase, and the same time spent outside set-up still
+    fails the example's deadline (control)."""
+    from dpep_parity.checks.tests.jobs import SleepInSetup
+    w = World(2, deadline_s=1.5, setup_deadline_s=120).start()    # joining is set-up too: not what is timed
+    w.setup_deadline_s = 4.0
+    try:
+        assert [r.value for r in w.run(SleepInSetup(2.5))] == [0, 1]          # 2.5 s > the 1.5 s deadline
+        with pytest.raises(WorldFailure) as e:
+            w.run(SleepInSetup(6.0))
+        assert e.value.kind == "deadline" and "set-up exceeded its 4s deadline" in str(e.value), str(e.value)
+        assert "rank 0 in a slow import" in str(e.value) and "in set-up (a slow import)" in str(e.value)
+        w.setup_deadline_s = 120                        # the failed world restarts: joining is not timed here
+        w.start()
+        with pytest.raises(WorldFailure) as e:
+            w.run(SleepInSetup(0.1, after=2.5))
+        assert e.value.kind == "deadline" and "example exceeded its 2s deadline" in str(e.value), str(e.value)
+    finally:
+        w.close()

@@ -72,6 +72,8 @@ class SGLangTarget:
     # This package is glue around SGLang: an ImportError / AttributeError / TypeError raised in it means an
     # adapter does not fit the installed release, a harness error, never a verdict on SGLang (protocol).
     harness_modules = ("dpep_parity.checks.targets.sglang",)
+    # SGLang's imports, done once by a CPU world's forkserver: a world restarted after a hang skips them
+    preload_modules = ("dpep_parity.checks.targets.sglang.preload",)
     sessions = True          # serving sessions keep their KV cache in SGLang's pools (units.serve_model)
 
     @property

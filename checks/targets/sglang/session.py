@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dpep_parity.checks.recorder import setup_phase
 from dpep_parity.checks.targets.protocol import BuildEnv
 from dpep_parity.checks.targets.sglang import cpu_shims, eras
 from dpep_parity.checks.targets.sglang.releases import installed_version
@@ -163,7 +164,8 @@ def session_for(env: BuildEnv, placement: str | None = None, options: tuple = ()
         STATS["teardown"].append(time.perf_counter() - t0)
         _SESSION = None
     s = Session(key, env, placement, options)
-    _setup(s)
+    with setup_phase(f"SGLang's set-up for {env.layout}"):     # imports, parallel state, model: its own deadline
+        _setup(s)
     _SESSION = s
     return s
 
