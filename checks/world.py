@@ -8,7 +8,7 @@
   (after a short quiet period) with the rank, the collective and where every other rank is. A deadline
   backs this up for hangs outside collectives. After a hang the world is killed, no process left, and
   restarted on next use.
-- Ranks of a CPU world whose target names modules to preload (`preload_modules`: SGLang's 8-15 s of imports)
+- Ranks of a CPU world whose target names modules to preload (`preload_modules`: SGLang's imports, about 10 s a rank)
   are forked from multiprocessing's forkserver, which imported them once; so a restart after a hang costs
   a fork and a process group, not the imports again (docs/harness.md, "Recovering from a hang"). Other worlds,
   and every CUDA world (CUDA must not be initialised before a fork), are spawned.
@@ -481,11 +481,11 @@ def _rank_context(device: str, preload: set[str]):
     """spawn, or for a CPU world with modules to preload multiprocessing's forkserver with them preloaded.
 
     The forkserver is one per process and imports its preload list when it starts; when a world asks for a
-    module it lacks, it is stopped (after closing the worlds it forked) and the next rank start launches one that imports
-    the union. Why the standard forkserver: it is exactly "processes forked from a pre-imported parent", with
-    its own handling of fds, sentinels and `__main__`; only the restart uses its private `_stop` (what CPython's own tests stop it with),
-    and where that is missing the running server is kept and ranks import what it lacks themselves (slower,
-    still correct). A preload module that fails to import is skipped by the forkserver; the rank then imports
+    module it lacks, it is stopped (after closing the worlds it forked) and the next rank start launches one
+    that imports the union. Why the standard forkserver: it is exactly "processes forked from a pre-imported
+    parent", with its own handling of fds, sentinels and `__main__`; only the restart uses its private `_stop`
+    (what CPython's own tests stop it with), and where that is missing the running server is kept and ranks
+    import what it lacks themselves (slower, still correct). A preload module that fails to import is skipped by the forkserver; the rank then imports
     it and reports the error as it always did. CUDA worlds spawn: a forked rank cannot initialise CUDA if the
     parent did, and importing a GPU library may."""
     global _FORKSERVER_PRELOAD

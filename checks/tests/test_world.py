@@ -169,7 +169,7 @@ def test_a_group_playing_several_roles_is_named_by_all_of_them():
 
 def test_a_world_with_modules_to_preload_restarts_from_a_process_that_imported_them(monkeypatch):
     """A CPU world whose target names modules to preload forks its ranks from the forkserver that imported them,
-    so the world that replaces a hung one starts with them imported (the sglang target's 10-20 s of imports per
+    so the world that replaces a hung one starts with them imported (the sglang target's ~10 s of imports per
     rank: docs/harness.md, "Recovering from a hang"). The ranks see this process's environment as of the start,
     as spawned ones do, and the hung ranks are ended. Controls: the same world spawned (no preload, or
     DPEP_WORLD_PRELOAD=off) starts without the module."""

@@ -2,7 +2,7 @@
 `_rank_context`): the modules a rank's first SGLang session imports (SGLang's server arguments, model runner,
 loader, its model registry with every model class, the torch-native attention backend, the message queues of
 its groups, and this target's own rank-side modules), behind the import shims they need on CPU. Ranks forked
-from that process start with them imported, so a world restarted after a hang skips 10-20 s of imports per
+from that process start with them imported, so a world restarted after a hang skips about 10 s of imports per
 rank (docs/harness.md, "Recovering from a hang").
 
 Imported for its effect only, never by the test process. It must not raise: the forkserver skips a preload
