@@ -34,11 +34,11 @@ from torch.nn.utils.rnn import pad_sequence
 
 from dpep_parity.checks import numerics, units
 from dpep_parity.checks.batches import DTYPES, Batch, Request
-from dpep_parity.checks.cli import prog
 from dpep_parity.checks.parity import ParityResult, judge, run_example
 from dpep_parity.checks.topology import Layout, validate
-from dpep_parity.checks.unitjob import UnitJob, load_weights
+from dpep_parity.checks.unitjob import CollectiveSeconds, UnitJob, load_weights
 from dpep_parity.checks.world import get_world
+from dpep_parity.progname import prog
 
 
 # ---------------- rank-side cache control ----------------
@@ -97,17 +97,6 @@ def study_batches(dp: int) -> dict[str, Batch]:
 
 
 # ---------------- one example, timed in parts ----------------
-class CollectiveSeconds:
-    """Rank job: run `job` and return (its value, the host seconds this rank spent inside collectives)."""
-
-    def __init__(self, job):
-        self.job = job
-
-    def __call__(self, ctx):
-        value = self.job(ctx)
-        return value, ctx.recorder.seconds
-
-
 def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=120.0) -> tuple[ParityResult, dict]:
     """As checks.parity.run_example, timed in parts (seconds): `world` (World.run wall), `target` (the slowest
     rank's job less its collectives), `collectives` (that rank's host time inside them), `harness` (the world's
@@ -121,9 +110,7 @@ def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=1
     res = ParityResult(unit, layout, batch, dtype)
     world = get_world(layout.tp, device, deadline_s)
     t0 = time.perf_counter()
-    # the job class by its importable name: under `python -m`, this module's own classes live in __main__
-    from dpep_parity.checks.bench_gpu import CollectiveSeconds as Timed
-    raw = world.run(Timed(UnitJob(target, unit, path, layout, batch, dtype, 0)))
+    raw = world.run(CollectiveSeconds(UnitJob(target, unit, path, layout, batch, dtype, 0)))
     t1 = time.perf_counter()
     results = [RankResult(r.rank, r.value[0], r.records, r.seconds) for r in raw]
     slowest = max(raw, key=lambda r: r.seconds)

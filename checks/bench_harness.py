@@ -13,10 +13,10 @@ import sys
 import time
 
 from dpep_parity.checks.batches import Batch, Request
-from dpep_parity.checks.cli import prog
 from dpep_parity.checks.topology import Layout
 from dpep_parity.checks.unitjob import UnitJob
 from dpep_parity.checks.world import World
+from dpep_parity.progname import prog
 
 
 def main(argv=None) -> int:

@@ -65,7 +65,7 @@ def _row(mode: str, m: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from dpep_parity.checks.cli import prog
+    from dpep_parity.progname import prog
     ap = argparse.ArgumentParser(prog=prog("python -m checks.bench_recovery"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="sglang", help="the correct target (default sglang)")
     ap.add_argument("--hang", default="checks.targets.sglang.mutants:S07",

@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpep_parity.checks.cli import prog
 from dpep_parity.checks.targets.sglang import envs, releases
+from dpep_parity.progname import prog
 
 PASS, FAIL, ERROR = "PASS", "FAIL", "ERROR"
 _REPLAY_PREFIXES = (("dpep", "replay"), ("python", "-m", "checks.replay"), ("python3", "-m", "checks.replay"),

@@ -22,7 +22,7 @@ import time
 import torch
 
 from dpep_parity.checks import numerics
-from dpep_parity.checks.cli import prog
+from dpep_parity.progname import prog
 
 DTYPE_NAMES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SIZE = (1024, 2048, 1024)

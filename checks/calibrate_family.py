@@ -31,7 +31,8 @@ from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.targets.protocol import known_failure, resolve
 from dpep_parity.checks.topology import valid_layouts
 from dpep_parity.fixtures.build import fixture_path
-from dpep_parity.fixtures.specs import FIXTURES, fixture_config, sparse_layers
+from dpep_parity.fixtures.families import fixture_config, sparse_layers
+from dpep_parity.fixtures.specs import FIXTURES
 
 
 class _Planted:

@@ -21,7 +21,8 @@ from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.targets.protocol import family_skip, resolve
 from dpep_parity.checks.topology import valid_layouts
 from dpep_parity.fixtures.build import fixture_path
-from dpep_parity.fixtures.specs import FIXTURES, fixture_config
+from dpep_parity.fixtures.families import fixture_config
+from dpep_parity.fixtures.specs import FIXTURES
 
 LEGIT = ["spec"] + [f"checks.variants:{v}" for v in ("EXPERTS_REVERSED", "EXPERTS_FP32_ACCUMULATE",
                                                             "ALL_REDUCE_BY_GATHER", "REDUCE_SCATTER_BY_ALL_REDUCE")]

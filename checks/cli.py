@@ -10,7 +10,10 @@ import argparse
 import importlib
 import sys
 
-from dpep_parity import own_module  # the import root only (pathlib): no torch
+from dpep_parity import (
+    own_module,  # the import root only: no torch
+    progname,
+)
 
 # name -> (module, arguments put before the user's, one line of help); the module's main(argv) returns the exit
 # code (None counts as 0).
@@ -20,6 +23,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "killtable": ("checks.killtable", (), "run the property suite on every mutant and a control; "
                                           "writes reports/kill-table.{md,json}"),
     "replay": ("checks.replay", (), "replay one parity example exactly, from a failure's replay: line"),
+    "invariance": ("checks.invariance", (), "replay one invariance pair exactly, from a failure's replay: line, or "
+                                            "print the drift table (docs/property-suite.md)"),
     "bisect": ("checks.bisect", (), "find the SGLang release where a replay line's or a pytest run's verdict "
                                     "changes (docs/museum.md)"),
     "sglang-env": ("checks.targets.sglang.envs", (), "cached environments of SGLang releases: install | list | "
@@ -36,18 +41,6 @@ Everything after the subcommand goes to it unchanged; `dpep SUB --help` shows it
 The property suite itself runs under pytest: `python -m pytest property_tests ...` in this repository, or
 `python -m pytest -p dpep --pyargs dpep_parity.property_tests` from anywhere (README.md).
 Exit codes: the subcommand's own (README.md, "Exit codes"); 2 for an unknown subcommand."""
-
-
-_INVOKED: str | None = None      # "dpep SUB" while `dpep` runs a subcommand
-
-
-def prog(default: str, dispatcher: bool = False) -> str:
-    """The program name a tool's usage, help and errors show: `dpep SUB` when run through `dpep`, else its
-    `python -m` form (`default`). `dispatcher`: the tool's parser has subcommands of its own whose first one is
-    the `dpep` subcommand's name (`dpep signoff` is `python -m evals signoff`): then just "dpep"."""
-    if _INVOKED is None:
-        return default
-    return "dpep" if dispatcher else _INVOKED
 
 
 def parser() -> argparse.ArgumentParser:
@@ -68,13 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     cut = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
     command = parser().parse_args(argv[:cut + 1]).command
     module, prefix, _ = COMMANDS[command]
-    # set on the import root's copy of this module, the one the tools read (`python -m checks.cli` runs another)
-    from dpep_parity.checks import cli as canonical
-    canonical._INVOKED = f"dpep {command}"
+    # kept in its own module, one copy whether this one runs as `dpep` or as `python -m checks.cli` (__main__)
+    progname.INVOKED = f"dpep {command}"
     try:
         rc = importlib.import_module(own_module(module)).main([*prefix, *argv[cut + 1:]])
     finally:
-        canonical._INVOKED = None
+        progname.INVOKED = None
     return 0 if rc is None else int(rc)
 
 

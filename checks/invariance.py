@@ -91,7 +91,7 @@ class Pair:
         return "batch" if da == db and others[0] == others[1] else "placement"
 
     def replay(self, target: str) -> str:
-        cmd = (f"python -m checks.invariance pair --target {target} --unit {self.unit} --fixture {self.fixture} "
+        cmd = (f"dpep invariance pair --target {target} --unit {self.unit} --fixture {self.fixture} "
                f"--dtype {self.dtype} --layer {self.layer} --layout {self.a.layout} --batch '{self.a.batch.describe()}'")
         if self.b.layout != self.a.layout:
             cmd += f" --against-layout {self.b.layout}"
@@ -276,7 +276,7 @@ class Table:
 
 # ------------------------------------------------------------------ command line
 def main(argv=None) -> int:
-    from dpep_parity.checks.cli import prog
+    from dpep_parity.progname import prog
     ap = argparse.ArgumentParser(prog=prog("python -m checks.invariance"), description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pair", help="replay one pair of contexts (as printed by a failing invariance property)")
@@ -307,7 +307,7 @@ def main(argv=None) -> int:
         pair = Pair(a.fixture, a.unit, a.dtype, a.layer, Context(a.layout, a.batch),
                     Context(a.against_layout or a.layout, a.against), a.request)
         from dpep_parity.checks.replay import batch_problems
-        from dpep_parity.fixtures.specs import fixture_config
+        from dpep_parity.fixtures.families import fixture_config
         bad = []
         for c in (pair.a, pair.b):      # usage errors before any rank starts
             try:
@@ -331,9 +331,10 @@ def drift_table(a) -> int:
     import time
 
     from dpep_parity.checks.targets.protocol import resolve, skip_reason
+    from dpep_parity.checks.topology import layouts_for
     from dpep_parity.fixtures.build import fixture_path
-    from dpep_parity.fixtures.specs import DEFAULT_SUITE, fixture_config
-    from dpep_parity.property_tests.strategies import layouts_for
+    from dpep_parity.fixtures.families import fixture_config
+    from dpep_parity.fixtures.specs import DEFAULT_SUITE
     tgt = resolve(a.target)
     fixtures = [f for f in a.models.split(",") if f] or sorted(DEFAULT_SUITE)
     sizes = [int(w) for w in a.world_sizes.split(",")]

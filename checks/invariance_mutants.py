@@ -15,13 +15,16 @@ import torch
 from dpep_parity.checks.mutants import Mutant
 from dpep_parity.checks.targets.spec import SpecTarget, linear
 from dpep_parity.checks.variants import BatchInvariant
+from dpep_parity.registry import Registry
 
-CATALOG: dict[str, Mutant] = {}
+# this module's invariance mutants, and outside packages' (entry points of group dpep_parity.invariance_mutants)
+CATALOG: Registry[Mutant] = Registry("invariance_mutants", accept=Mutant, names=lambda m: (m.id,),
+                                     noun="invariance mutant")
 
 
 def mutant(id: str, name: str, mechanism: str, kills: tuple[str, ...]):
     def register(cls):
-        CATALOG[id] = Mutant(id, name, "bits change with the batch or the placement", mechanism, cls, kills)
+        CATALOG.register(Mutant(id, name, "bits change with the batch or the placement", mechanism, cls, kills))
         return cls
     return register
 
@@ -117,5 +120,13 @@ def _target(m: Mutant) -> SpecTarget:
     return t
 
 
-for _id, _m in CATALOG.items():
-    globals()[_id] = _target(_m)
+_TARGETS: dict[str, SpecTarget] = {}
+
+
+def __getattr__(id: str) -> SpecTarget:
+    """`checks.invariance_mutants:I01`: the batch-invariant spec with mutant I01, built once."""
+    if id not in _TARGETS:
+        if id.startswith("__") or id not in CATALOG:
+            raise AttributeError(f"module {__name__!r} has no attribute {id!r}")
+        _TARGETS[id] = _target(CATALOG[id])
+    return _TARGETS[id]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -36,11 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dpep_parity.checks.batches import DTYPES
-from dpep_parity.checks.cli import prog
 from dpep_parity.checks.mutants import CATALOG, NOT_EXPRESSED
+from dpep_parity.checks.records import REPORT_KEY, FailureRecord, RecordError
+from dpep_parity.progname import prog
 
 ROOT = Path(__file__).resolve().parent.parent
-# the checks a result of checks.parity carries (Check.prop), printed as "[prop] message" by ParityResult.report
+# the checks a result of checks.parity carries (Check.prop), in its failure records (checks.records)
 PROPERTIES = ("parity", "ownership", "routing", "router", "dispatch", "padding-rule", "collectives", "greedy", "liveness",
               "no-crash", "precision")
 # the single-forward properties first (pinned triggers, then the search), then sequences of forwards on one build
@@ -63,26 +63,33 @@ def run_suite(target: str, extra: list[str], timeout_s: float) -> dict:
         except subprocess.TimeoutExpired as e:
             rc, out = None, f"suite exceeded {timeout_s:.0f}s: {(e.stdout or b'')[-2000:]!r}"
         seconds = time.perf_counter() - t0
-        cases = junit_failures(xml) if os.path.exists(xml) else []
+        try:
+            cases = junit_failures(xml) if os.path.exists(xml) else []
+        except RecordError as e:      # a record of another version: refused, not guessed
+            cases, out = [], f"{out}\nkill table: {e}"
     return {"target": target, "rc": rc, "seconds": round(seconds, 1), "cases": cases, "output": out[-4000:]}
 
 
 def junit_failures(path: str) -> list[dict]:
-    """Failing test cases of a junit file, in order: {"test", "kind": "failure" | "error", "message"}."""
+    """Failing test cases of a junit file, in order: {"test", "kind": "failure" | "error", "message",
+    "records"}: the failure records (checks.records) the suite's plugin put on the case's <properties>."""
     out = []
     for case in ET.parse(path).getroot().iter("testcase"):
         for kind in ("failure", "error"):
             el = case.find(kind)
             if el is not None:
+                records = [FailureRecord.from_json(p.get("value", ""))
+                           for p in case.iter("property") if p.get("name") == REPORT_KEY]
                 out.append({"test": f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}", "kind": kind,
-                            "message": (el.get("message") or "") + "\n" + (el.text or "")})
+                            "message": (el.get("message") or "") + "\n" + (el.text or ""), "records": records})
                 break
     return out
 
 
-def properties_in(message: str) -> list[str]:
-    """The suite's failed properties named in a failure message ("[parity] ..." lines), in order."""
-    found = re.findall(r"^\s*(?:E\s+)?(?:AssertionError: )?\[([a-z][\w-]*)\]", message, re.M)
+def properties_of(case: dict) -> list[str]:
+    """The suite's failed properties a case's records name, in order (a property the suite does not know is
+    not a kill)."""
+    found = [p for r in case.get("records", ()) for p in r.properties]
     return list(dict.fromkeys(p for p in found if p in PROPERTIES))
 
 
@@ -95,7 +102,7 @@ def classify(run: dict, expected: tuple[str, ...] = ()) -> dict:
         return {**base, "verdict": "TIMEOUT", "message": _excerpt(run["output"])}
     if rc == 0:
         return {**base, "verdict": "SURVIVED"}
-    failed = [c for c in cases if c["kind"] == "failure" and properties_in(c["message"])]
+    failed = [c for c in cases if c["kind"] == "failure" and properties_of(c)]
     if rc != 1 or not failed:
         why = PYTEST_EXIT.get(rc, f"pytest exit {rc}")
         first = cases[0] if cases else None
@@ -104,7 +111,7 @@ def classify(run: dict, expected: tuple[str, ...] = ()) -> dict:
                 "message": f"not a kill ({why}{', ' + first['kind'] + ' without a failed property' if first else ''}): "
                            + _excerpt(text)}
     case = failed[0]
-    props = properties_in(case["message"])
+    props = properties_of(case)
     ok = not expected or any(p in expected for p in props)
     return {**base, "verdict": "killed" if ok else "killed-elsewhere", "test": case["test"], "properties": props,
             "message": _excerpt(case["message"])}

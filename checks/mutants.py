@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from dpep_parity.checks.batches import MAX_LEN, SUM_LEN, ceil_align
 from dpep_parity.checks.targets.spec import SpecModel, SpecTarget, linear, rms_norm
+from dpep_parity.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,14 @@ class Mutant:
                                   # table flags a kill by any other as unexplained
 
 
-CATALOG: dict[str, Mutant] = {}
+# the catalog: this module's mutants, and outside packages' (entry points of group dpep_parity.mutants, each a
+# Mutant whose model is a SpecModel subclass); `--target checks.mutants:ID` selects any of them
+CATALOG: Registry[Mutant] = Registry("mutants", accept=Mutant, names=lambda m: (m.id,))
 
 
 def mutant(id: str, name: str, kind: str, mechanism: str, kills: tuple[str, ...]):
     def register(cls):
-        CATALOG[id] = Mutant(id, name, kind, mechanism, cls, kills)
+        CATALOG.register(Mutant(id, name, kind, mechanism, cls, kills))
         return cls
     return register
 
@@ -404,5 +407,14 @@ class MutantTarget(SpecTarget):
         self.expected_kills = m.kills      # read by checks.killtable (outside targets may declare it too)
 
 
-for _id, _m in CATALOG.items():
-    globals()[_id] = MutantTarget(_m)
+_TARGETS: dict[str, MutantTarget] = {}
+
+
+def __getattr__(id: str) -> MutantTarget:
+    """`checks.mutants:B14`: the spec target with mutant B14, for every mutant in the catalog (an outside
+    package's too), built once."""
+    if id not in _TARGETS:
+        if id.startswith("__") or id not in CATALOG:
+            raise AttributeError(f"module {__name__!r} has no attribute {id!r}")
+        _TARGETS[id] = MutantTarget(CATALOG[id])
+    return _TARGETS[id]

@@ -16,13 +16,14 @@ import torch
 from dpep_parity.checks import numerics, router_weights, units
 from dpep_parity.checks.batches import DTYPES, MAX_LEN, Batch, padding_mode
 from dpep_parity.checks.recorder import mismatches
+from dpep_parity.checks.records import FailedCheck, FailureRecord
 from dpep_parity.checks.reference import Oracle, UnitRef
 from dpep_parity.checks.targets.protocol import HarnessFault, padding_ties, resolve, skip_reason
 from dpep_parity.checks.topology import Layout, validate
 from dpep_parity.checks.unitjob import UnitJob, load_weights
 from dpep_parity.checks.world import RankResult, WorldFailure, get_world
 from dpep_parity.fixtures import families
-from dpep_parity.fixtures.specs import sparse_layers
+from dpep_parity.fixtures.families import sparse_layers
 
 
 @dataclass
@@ -51,6 +52,11 @@ class ParityResult:
 
     def failures(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
+
+    def failure_record(self, replay: str | None = None) -> FailureRecord:
+        """The failed checks as a typed record (checks.records), for tools; `report()` is for people."""
+        return FailureRecord(tuple(FailedCheck(c.prop, c.message) for c in self.failures()), unit=self.unit,
+                             layout=str(self.layout), batch=self.batch.describe(), dtype=self.dtype, replay=replay)
 
     def report(self) -> str:
         lines = [f"{self.unit} {self.layout} {self.dtype} batch[{self.batch.describe()}]"]
@@ -257,79 +263,160 @@ def _layout_reference(world, target: str, job: UnitJob, config: dict) -> tuple[l
         return None, f"the spec failed at this layout: {str(e).splitlines()[0]}"
 
 
-def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir, layer: int,
-          device: str = "cpu", truth_device: str | None = None, precision: bool = False,
-          layout_ref: list[RankResult] | None = None, padding_ties: str = MAX_LEN):
-    """`precision`: also gather the precision test's evidence, against the reference, its variants and
-    `layout_ref` (the spec's results at this layout; None when the target is the spec itself)."""
-    unit, layout, batch, dtype = res.unit, res.layout, res.batch, res.dtype
-    dt = DTYPES[dtype]
-    res.checks.append(collective_discipline(results, layout))
-    u = units.get(unit)
-    uref, variants = oracle_outputs(str(model_dir), dtype, device, truth_device, unit, layer, batch)
-    key = u.output
-    ranks = list(range(layout.tp))
-    # exact: each rank returns exactly its DP rank's rows, in the test dtype
+@dataclass
+class Evidence:
+    """What the checks of one example read: the ranks' results, the oracle's outputs, and what earlier
+    checks found (rows in global order, the routing analysis, the tolerance verdict)."""
+    res: ParityResult
+    results: list[RankResult]
+    config: dict
+    layer: int
+    uref: UnitRef
+    variants: list
+    precision: bool = False
+    layout_ref: list[RankResult] | None = None
+    padding_ties: str = MAX_LEN
+    sut: torch.Tensor | None = None
+    truth: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    routing: Routing | None = None
+    excused: torch.Tensor | None = None
+    labels: list[str] = field(default_factory=list)
+
+    @property
+    def unit(self):
+        return units.get(self.res.unit)
+
+    @property
+    def layout(self) -> Layout:
+        return self.res.layout
+
+    @property
+    def dt(self) -> torch.dtype:
+        return DTYPES[self.res.dtype]
+
+    @property
+    def top_k(self) -> int:
+        return self.config.get("num_experts_per_tok", 1)
+
+
+def check_collectives(ev: Evidence) -> Check:
+    return collective_discipline(ev.results, ev.layout)
+
+
+def check_ownership(ev: Evidence) -> Check:
+    """Exact: each rank returns exactly its DP rank's rows, in the test dtype. Every later check reads the
+    rows in global order, so a failure here ends the judging."""
+    batch, layout, key = ev.res.batch, ev.layout, ev.unit.output
     own = []
-    for r in results:
+    for r in ev.results:
         out = r.value.get(key)
         want = batch.tokens_per_dp()[layout.dp_rank(r.rank)]
-        cols = uref.truth.shape[1]
+        cols = ev.uref.truth.shape[1]
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (want, cols):
             own.append(f"rank {r.rank}: returned {_shape(out)}, owes ({want}, {cols}) for its DP rank's tokens")
-        elif out.dtype != dt:
-            own.append(f"rank {r.rank}: dtype {out.dtype}, expected {dt}")
-    res.checks.append(Check("ownership", not own, "; ".join(own)))
-    if own:
-        return
-    sut = torch.cat([r.value[key] for r in results])
-    truth = oracle_rows(uref.truth, batch, layout, ranks)
-    ref = oracle_rows(uref.ref, batch, layout, ranks)
-    top_k = config.get("num_experts_per_tok", 1)
-    routing = routing_analysis(results, uref, batch, layout, unit, layer, config, top_k, dt)
-    if routing.check is not None:
-        res.checks.append(routing.check)
-    weights = router_weights.check(results, config, units.get(unit).sparse_layers_run(sparse_layers(config), layer))
-    if weights is not None:
-        res.checks.append(Check("router", *weights))
-    ex_global = routing.excused
-    excused = oracle_mask(ex_global, batch, layout, ranks)
-    noisy_ref = oracle_mask(routing.ref_flipped, batch, layout, ranks)
-    labels = row_labels(batch, layout, ranks)
-    alts = [oracle_rows(a, batch, layout, ranks) for a in variants]
+        elif out.dtype != ev.dt:
+            own.append(f"rank {r.rank}: dtype {out.dtype}, expected {ev.dt}")
+    if not own:
+        ranks = list(range(layout.tp))
+        ev.sut = torch.cat([r.value[key] for r in ev.results])
+        ev.truth, ev.ref = (oracle_rows(t, batch, layout, ranks) for t in (ev.uref.truth, ev.uref.ref))
+        ev.routing = routing_analysis(ev.results, ev.uref, batch, layout, ev.res.unit, ev.layer, ev.config,
+                                      ev.top_k, ev.dt)
+        ev.excused = oracle_mask(ev.routing.excused, batch, layout, ranks)
+        ev.labels = row_labels(batch, layout, ranks)
+    return Check("ownership", not own, "; ".join(own))
+
+
+def check_routing(ev: Evidence) -> Check | None:
+    return ev.routing.check
+
+
+def check_router_weights(ev: Evidence) -> Check | None:
+    weights = router_weights.check(ev.results, ev.config,
+                                   ev.unit.sparse_layers_run(sparse_layers(ev.config), ev.layer))
+    return None if weights is None else Check("router", *weights)
+
+
+def check_parity(ev: Evidence) -> Check:
+    """The tolerance model on every row (numerics.compare), and the precision test's evidence if asked."""
+    res, batch, layout, dt = ev.res, ev.res.batch, ev.layout, ev.dt
+    ranks = list(range(layout.tp))
+    noisy_ref = oracle_mask(ev.routing.ref_flipped, batch, layout, ranks)
+    alts = [oracle_rows(a, batch, layout, ranks) for a in ev.variants]
     clusters = token_keys(batch, layout, ranks)
-    v = numerics.compare(u.describe(layer), sut, truth, ref, dt,
-                         fan_in=layout.tp, excused=excused, labels=labels, ref_variants=alts,
-                         clusters=clusters, unpooled=noisy_ref)
+    v = numerics.compare(ev.unit.describe(ev.layer), ev.sut, ev.truth, ev.ref, dt, fan_in=layout.tp,
+                         excused=ev.excused, labels=ev.labels, ref_variants=alts, clusters=clusters,
+                         unpooled=noisy_ref)
     res.verdict = v
-    if precision:
-        lay = sut if layout_ref is None else _rows(layout_ref, key)
-        if lay is None or tuple(lay.shape) != tuple(sut.shape):
+    if ev.precision:
+        lay = ev.sut if ev.layout_ref is None else _rows(ev.layout_ref, ev.unit.output)
+        if lay is None or tuple(lay.shape) != tuple(ev.sut.shape):
             res.precision_note = "the spec's outputs at this layout have another shape"
         else:
-            out = torch.zeros(sut.shape[0], dtype=torch.bool)
+            out = torch.zeros(ev.sut.shape[0], dtype=torch.bool)
             out[v.failing_rows] = True
-            res.precision = numerics.precision_sample(sut, truth, [ref, *alts, lay], dt,
-                                                      leave_out=excused | noisy_ref | out, clusters=clusters)
+            res.precision = numerics.precision_sample(ev.sut, ev.truth, [ev.ref, *alts, lay], dt,
+                                                      leave_out=ev.excused | noisy_ref | out, clusters=clusters)
     reasons = list(v.reasons)
-    if not v.ok and routing.check is not None and not routing.check.ok:
+    if not v.ok and ev.routing.check is not None and not ev.routing.check.ok:
         # rows routed away from a tie are judged like any other (never excused): name the likely cause
         reasons.append("likely cause: the target routed rows to other experts than one device, away from any "
                        "near-tie (see [routing])")
-    res.checks.append(Check("parity", v.ok, "; ".join(reasons)))
-    if u.whole_model:
-        res.checks.append(greedy_check(sut, truth, ref, excused, dt, labels))
-        if not v.ok:
-            res.first_divergent_layer = first_divergent_layer(results, uref, batch, layout, dt, excused)
-    if u.dispatch and uref.router:
-        res.checks.append(dispatch_check(results, uref, layout, config, batch, dt, ex_global, top_k))
-    modes = {r.value.get("padding_mode") for r in results}
-    if layout.dp > 1 and modes != {None}:
-        want = padding_mode(batch, padding_ties)
-        ok = modes == {want}
-        res.checks.append(Check("padding-rule", ok, "" if ok else
-                                f"ranks chose padding mode(s) {sorted(map(str, modes))}; the engine rule gives "
-                                f"{want} for modes {batch.forward_modes()} and counts {batch.tokens_per_dp()}"))
+    return Check("parity", v.ok, "; ".join(reasons))
+
+
+def check_greedy(ev: Evidence) -> Check | None:
+    """A whole model: the greedy token, and where a failing model first diverges."""
+    if not ev.unit.whole_model:
+        return None
+    if not ev.res.verdict.ok:
+        ev.res.first_divergent_layer = first_divergent_layer(ev.results, ev.uref, ev.res.batch, ev.layout, ev.dt,
+                                                             ev.excused)
+    return greedy_check(ev.sut, ev.truth, ev.ref, ev.excused, ev.dt, ev.labels)
+
+
+def check_dispatch(ev: Evidence) -> Check | None:
+    if not (ev.unit.dispatch and ev.uref.router):
+        return None
+    return dispatch_check(ev.results, ev.uref, ev.layout, ev.config, ev.res.batch, ev.dt, ev.routing.excused,
+                          ev.top_k)
+
+
+def check_padding_rule(ev: Evidence) -> Check | None:
+    modes = {r.value.get("padding_mode") for r in ev.results}
+    if ev.layout.dp == 1 or modes == {None}:
+        return None
+    batch = ev.res.batch
+    want = padding_mode(batch, ev.padding_ties)
+    ok = modes == {want}
+    return Check("padding-rule", ok, "" if ok else
+                 f"ranks chose padding mode(s) {sorted(map(str, modes))}; the engine rule gives "
+                 f"{want} for modes {batch.forward_modes()} and counts {batch.tokens_per_dp()}")
+
+
+# The judge's checks, in the order a report lists them: each reads the evidence (and what the checks before
+# it left there) and returns its Check, or None where it does not apply. A failed check in GATES ends the
+# judging: the checks after it read the rows it vouched for. Adding a check is one function here.
+CHECKS = (check_collectives, check_ownership, check_routing, check_router_weights, check_parity, check_greedy,
+          check_dispatch, check_padding_rule)
+GATES = (check_ownership,)
+
+
+def judge(res: ParityResult, results: list[RankResult], config: dict, model_dir, layer: int,
+          device: str = "cpu", truth_device: str | None = None, precision: bool = False,
+          layout_ref: list[RankResult] | None = None, padding_ties: str = MAX_LEN):
+    """Every check of CHECKS on one example. `precision`: also gather the precision test's evidence,
+    against the reference, its variants and `layout_ref` (the spec's results at this layout; None when the
+    target is the spec itself)."""
+    uref, variants = oracle_outputs(str(model_dir), res.dtype, device, truth_device, res.unit, layer, res.batch)
+    ev = Evidence(res, results, config, layer, uref, variants, precision, layout_ref, padding_ties)
+    for check in CHECKS:
+        c = check(ev)
+        if c is not None:
+            res.checks.append(c)
+        if check in GATES and c is not None and not c.ok:
+            return
 
 
 @functools.lru_cache(maxsize=32)

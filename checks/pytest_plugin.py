@@ -86,11 +86,8 @@ def configure_world(config) -> list[str]:
     settings = world.WorldSettings(config.getoption("--world"), config.getoption("--world-driver"),
                                    config.getoption("--world-agents"), config.getoption("--world-nproc"))
     sizes = [int(w) for w in config.getoption("--world-sizes").split(",") if w.strip().isdigit()]
-    bad = settings.problems(sizes)
     n = getattr(config.option, "numprocesses", None)
-    if settings.kind == "torchrun" and not settings.agents and isinstance(n, int) and n > 0:
-        bad.append("--world torchrun with agents started by hand serves one test process: run with -p no:xdist "
-                   "(or -n 0)")
+    bad = settings.problems(sizes, n if isinstance(n, int) else 0)
     if not bad:
         world.configure(settings)
     return bad
@@ -159,6 +156,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(limit))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed property's records (checks.records) onto its reports: the call's (pytest-xdist sends it to the
+    controller; reports/property-suite.json reads it) and the item's, which the teardown report copies and
+    junit XML writes as <properties>. The kill table reads them, not the text."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is not None and report.failed:
+        from dpep_parity.checks.records import REPORT_KEY, records_of
+        for rec in records_of(call.excinfo.value):
+            report.user_properties.append((REPORT_KEY, rec.to_json()))
+            item.user_properties.append((REPORT_KEY, rec.to_json()))
+
+
+def _records(report) -> list[dict]:
+    import json
+
+    from dpep_parity.checks.records import REPORT_KEY
+    return [json.loads(v) for k, v in getattr(report, "user_properties", ()) if k == REPORT_KEY]
+
+
 def _is_property_test(report) -> bool:
     """A report of property_tests/. The node id is relative to the rootdir, and from another rootdir (--pyargs
     from an engine's repository) it may not name the package at all; the location's path always does."""
@@ -212,6 +230,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                        f"(target {config.getoption('--target')}, profile {settings.get_current_profile_name()}, "
                        f"world sizes {config.getoption('--world-sizes')})",
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts,
-            "failed_tests": [_test_id(r) for r in props["failed"]], "invariance_drift": drift}, indent=2))
+            "failed_tests": [_test_id(r) for r in props["failed"]],
+            "failures": [{"test": _test_id(r), "records": _records(r)} for r in props["failed"]],
+            "invariance_drift": drift}, indent=2))
     except OSError as e:
         terminalreporter.write_line(f"dpep: could not write {out}: {e}")

@@ -9,10 +9,10 @@ import argparse
 import sys
 
 from dpep_parity.checks.batches import DTYPES, parse_batch
-from dpep_parity.checks.cli import prog
 from dpep_parity.checks.parity import run_example
 from dpep_parity.checks.topology import Layout
 from dpep_parity.checks.units import UNITS
+from dpep_parity.progname import prog
 
 
 def parser() -> argparse.ArgumentParser:
@@ -80,7 +80,8 @@ def batch_problems(batch, config: dict, fixture: str) -> list[str]:
 def problems(a) -> list[str]:
     from dpep_parity.checks.targets.protocol import resolve
     from dpep_parity.checks.topology import layout_violations
-    from dpep_parity.fixtures.specs import FIXTURES, fixture_config
+    from dpep_parity.fixtures.families import fixture_config
+    from dpep_parity.fixtures.specs import FIXTURES
 
     out = []
     if a.fixture not in FIXTURES:

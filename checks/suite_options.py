@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dpep_parity.checks.batches import DTYPES
 from dpep_parity.checks.topology import Layout, layout_violations, valid_layouts
-from dpep_parity.fixtures.specs import DEFAULT_SUITE, FIXTURES, fixture_config
+from dpep_parity.fixtures.families import fixture_config
+from dpep_parity.fixtures.specs import DEFAULT_SUITE, FIXTURES
 
 
 def problems(target: str, world_sizes: str, dtypes: str, models: str, deadline: float) -> list[str]:

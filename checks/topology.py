@@ -169,3 +169,12 @@ def valid_layouts(world_size: int, config: Any | None = None, dp_lm_head: bool =
                 if not layout_violations(lay, config):
                     out.append(lay)
     return out
+
+
+def layouts_for(fixture: str, world_sizes, with_dp_lm_head: bool = False) -> list[Layout]:
+    """Every valid layout of a fixture at these world sizes, smallest world first."""
+    cfg = families.fixture_config(fixture)
+    out = []
+    for ws in sorted(world_sizes):
+        out += valid_layouts(ws, cfg, dp_lm_head=with_dp_lm_head)
+    return out

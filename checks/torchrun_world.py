@@ -32,7 +32,7 @@ from pathlib import Path
 
 from dpep_parity.checks import transport
 from dpep_parity.checks.torchrun_worker import parse_address
-from dpep_parity.checks.world import _LIVE, World, WorldFailure, WorldSettings
+from dpep_parity.checks.world import _LIVE, World, WorldFailure, WorldKind, WorldSettings
 
 MAX_RESTARTS = 100      # worker-group restarts a launched agent allows (one per diagnosed hang)
 ACCEPT_SLICE_S = 0.5
@@ -328,3 +328,52 @@ def shared_world(settings: WorldSettings, size: int, device: str, deadline_s: fl
         w = _SHARED[device] = TorchrunWorld(settings, device, deadline_s)
     w.deadline_s = deadline_s
     return w.start()     # the caller (checks.world.get_world) checks its size
+
+
+class TorchrunKind(WorldKind):
+    """`--world torchrun`: the workers of torchrun agents on one or more hosts (this module's TorchrunWorld)."""
+    name = "torchrun"
+
+    def size(self, settings: WorldSettings) -> int | None:
+        """The world's size when this process launches its agents (else learned as workers join)."""
+        return settings.agents * settings.nproc if settings.agents else None
+
+    def problems(self, settings: WorldSettings, world_sizes: list[int], test_processes: int) -> list[str]:
+        out = []
+        host, _, port = settings.driver.rpartition(":")
+        if not host or not port.isdigit():
+            out.append(f"--world-driver: {settings.driver!r} is not HOST:PORT (e.g. 0.0.0.0:29600)")
+        if settings.agents < 0 or settings.nproc < 1:
+            out.append(f"--world-agents {settings.agents} / --world-nproc {settings.nproc}: need agents >= 0, "
+                       "nproc >= 1")
+        if not settings.agents and not os.environ.get("DPEP_WORLD_KEY"):
+            out.append("--world torchrun with agents started by hand: set DPEP_WORLD_KEY (the same hex secret "
+                       "on this host and in every agent's environment) so that workers can authenticate")
+        if not settings.agents and settings.driver.rpartition(":")[2] == "0":
+            out.append("--world torchrun with agents started by hand: give --world-driver a fixed port, the one "
+                       "the agents' --driver names")
+        size = self.size(settings)
+        if size and world_sizes and set(world_sizes) != {size}:
+            out.append(f"--world-sizes {','.join(map(str, world_sizes))}: a torchrun world of {settings.agents} "
+                       f"agent(s) x {settings.nproc} worker(s) has {size} ranks; run with --world-sizes {size}")
+        if not settings.agents and test_processes > 0:
+            out.append("--world torchrun with agents started by hand serves one test process: run with "
+                       "-p no:xdist (or -n 0)")
+        return out
+
+    def world(self, settings: WorldSettings, size: int, device: str, deadline_s: float) -> World | None:
+        if self.size(settings) in (None, size):
+            w = shared_world(settings, size, device, deadline_s)
+            if w.size == size:
+                return w
+        if size not in _LOCAL_NOTED:
+            # the sign-off's matrix mixes world sizes (its 1-rank baseline): those run on local pools, said
+            # once; the property suite refuses such sizes before collecting (problems)
+            _LOCAL_NOTED.add(size)
+            print(f"dpep: a world of {size} rank(s) runs on a local pool: the torchrun world has another size",
+                  file=sys.stderr)
+        return None
+
+
+_LOCAL_NOTED: set[int] = set()
+KIND = TorchrunKind()

@@ -102,3 +102,14 @@ class UnitJob:
         step = Step(batch, ctx.rank, dp_rank, reqs, inputs, self.unit, serving, self.poison)
         with poisoned(self.poison):
             return target.run(built, step)
+
+
+class CollectiveSeconds:
+    """Rank job: run `job` and return (its value, the host seconds this rank spent inside collectives)."""
+
+    def __init__(self, job):
+        self.job = job
+
+    def __call__(self, ctx):
+        value = self.job(ctx)
+        return value, ctx.recorder.seconds

@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
-import sys
 import tempfile
 import time
 import traceback
@@ -29,6 +28,7 @@ from typing import Any
 
 from dpep_parity.checks import transport
 from dpep_parity.checks.recorder import Record, mismatches
+from dpep_parity.registry import Registry
 
 
 class WorldFailure(AssertionError):
@@ -513,12 +513,13 @@ def _rank_context(device: str, preload: set[str]):
     return ctx
 
 
-# ---------------- which kind of world: local pools, or a torchrun world ----------------
+# ---------------- which kind of world: local pools, a torchrun world, or an outside package's ----------------
 @dataclass(frozen=True)
 class WorldSettings:
-    """`local` (default): rank pools this process spawns on its host. `torchrun`: the workers of torchrun
-    agents on one or more hosts (checks.torchrun_world); this process listens on `driver` for them and
-    launches `agents` agents of `nproc` workers here itself (0: they are started by hand, on any hosts)."""
+    """The world options of a run (--world and its kin, or DPEP_WORLD and its kin). `kind` names a world kind
+    (WORLD_KINDS); `driver`, `agents` and `nproc` are read by kinds that serve ranks from elsewhere (the
+    torchrun kind: this process listens on `driver` and launches `agents` agents of `nproc` workers here
+    itself, 0: they are started by hand, on any hosts)."""
     kind: str = "local"
     driver: str = "127.0.0.1:0"
     agents: int = 0
@@ -532,30 +533,36 @@ class WorldSettings:
 
     @property
     def size(self) -> int | None:
-        """The torchrun world's size when this process launches its agents (else learned as workers join)."""
-        return self.agents * self.nproc if self.kind == "torchrun" and self.agents else None
+        """The world's size when this process knows it before ranks join (else None)."""
+        return WORLD_KINDS[self.kind].size(self) if self.kind in WORLD_KINDS else None
 
-    def problems(self, world_sizes: list[int] | None = None) -> list[str]:
-        out = []
-        if self.kind not in ("local", "torchrun"):
-            return [f"--world: {self.kind!r} is not a world kind (local | torchrun)"]
-        if self.kind == "local":
-            return out
-        host, _, port = self.driver.rpartition(":")
-        if not host or not port.isdigit():
-            out.append(f"--world-driver: {self.driver!r} is not HOST:PORT (e.g. 0.0.0.0:29600)")
-        if self.agents < 0 or self.nproc < 1:
-            out.append(f"--world-agents {self.agents} / --world-nproc {self.nproc}: need agents >= 0, nproc >= 1")
-        if not self.agents and not os.environ.get("DPEP_WORLD_KEY"):
-            out.append("--world torchrun with agents started by hand: set DPEP_WORLD_KEY (the same hex secret "
-                       "on this host and in every agent's environment) so that workers can authenticate")
-        if not self.agents and self.driver.rpartition(":")[2] == "0":
-            out.append("--world torchrun with agents started by hand: give --world-driver a fixed port, the one "
-                       "the agents' --driver names")
-        if self.size and world_sizes and set(world_sizes) != {self.size}:
-            out.append(f"--world-sizes {','.join(map(str, world_sizes))}: a torchrun world of {self.agents} "
-                       f"agent(s) x {self.nproc} worker(s) has {self.size} ranks; run with --world-sizes {self.size}")
-        return out
+    def problems(self, world_sizes: list[int] | None = None, test_processes: int = 0) -> list[str]:
+        """What is wrong with these options, before any world starts (`test_processes`: pytest-xdist's
+        workers, 0 without xdist)."""
+        if self.kind not in WORLD_KINDS:
+            return [f"--world: {self.kind!r} is not a world kind ({' | '.join(WORLD_KINDS)})"]
+        return WORLD_KINDS[self.kind].problems(self, world_sizes or [], test_processes)
+
+
+class WorldKind:
+    """A kind of world: where the ranks of a world of `size` come from. The local kind is this module's rank
+    pools; others (checks.torchrun_world, an outside package's through an entry point of group
+    dpep_parity.worlds) return a World subclass of their own, or None to let this size run on a local pool."""
+    name = "local"
+
+    def size(self, settings: WorldSettings) -> int | None:
+        return None
+
+    def problems(self, settings: WorldSettings, world_sizes: list[int], test_processes: int) -> list[str]:
+        return []
+
+    def world(self, settings: WorldSettings, size: int, device: str, deadline_s: float) -> World | None:
+        return None
+
+
+WORLD_KINDS: Registry[WorldKind] = Registry("worlds", accept=WorldKind, noun="world kind")
+WORLD_KINDS.register(WorldKind())
+WORLD_KINDS.refer("torchrun", "dpep_parity.checks.torchrun_world:KIND")
 
 
 def _int(text: str) -> int:
@@ -581,26 +588,17 @@ def world_settings() -> WorldSettings:
 # ---------------- pool of worlds per process ----------------
 _LIVE: set[World] = set()
 _POOL: dict[tuple, World] = {}
-_LOCAL_NOTED: set[int] = set()
 
 
 def get_world(size: int, device: str = "cpu", deadline_s: float = 120.0, preload=(), **kw) -> World:
-    """One world per (size, device) per test process, reused across examples; under `--world torchrun` the
-    one torchrun world (checks.torchrun_world), whose size is fixed by its agents. `preload`: modules the job's
+    """One world per (size, device) per test process, reused across examples; under another world kind
+    (`--world torchrun`: checks.torchrun_world) the world that kind gives, where it gives one. `preload`: modules the job's
     target imports on the ranks (its `preload_modules`): the world's next start forks its ranks from a process
     that imported them (_rank_context); a running world is not restarted for them."""
     settings = world_settings()
-    if settings.kind == "torchrun" and settings.size in (None, size):
-        from dpep_parity.checks.torchrun_world import shared_world
-        w = shared_world(settings, size, device, deadline_s)
-        if w.size == size:
-            return w
-    if settings.kind == "torchrun" and size not in _LOCAL_NOTED:
-        # the sign-off's matrix mixes world sizes (its 1-rank baseline): those run on local pools, said once;
-        # the property suite refuses such sizes before collecting (WorldSettings.problems)
-        _LOCAL_NOTED.add(size)
-        print(f"dpep: a world of {size} rank(s) runs on a local pool: the torchrun world has another size",
-              file=sys.stderr)
+    w = WORLD_KINDS[settings.kind].world(settings, size, device, deadline_s)
+    if w is not None:
+        return w
     key = (size, device)
     w = _POOL.get(key)
     if w is None:

@@ -3,17 +3,11 @@
 
 The repository keeps those four packages as top-level folders (the layout shows the architecture), but an
 installed wheel must not put packages named `checks`, `evals` or `fixtures` on the path: PyPI has packages
-of those names (`fixtures` is a widely used test library) and one would shadow the other. The wheel installs
-them under this package (pyproject.toml maps `dpep_parity.checks` to `checks/` and so on), and every import
-in the code names them through it. In a checkout, where the folders sit beside this one, this package's
-path is the repository root, so the same imports reach the same files.
+of those names (`fixtures` is a widely used test library) and one would shadow the other. So every import
+names them through this package: `dpep_parity/checks` (and the other three) are links to the top-level
+folders, which static readers, the wheel's package finder and Python all follow; no code runs to make an
+import resolve (docs/architecture.md says what else was tried).
 """
-from pathlib import Path as _Path
-
-_here = _Path(__file__).resolve().parent
-if not (_here / "checks").is_dir():      # a checkout: the packages are the repository's top-level folders
-    __path__ = [str(_here.parent)]
-
 PACKAGES = ("checks", "evals", "fixtures", "property_tests")
 
 

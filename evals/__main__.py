@@ -8,7 +8,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from dpep_parity.checks.cli import prog
+    from dpep_parity.progname import prog
     parser = argparse.ArgumentParser(prog=prog("python -m evals", dispatcher=True),
                                      description="Accuracy-parity sign-off")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     rows = []
     for name in a.layouts.split(","):
         lay = Layout.parse(name)
-        cfg = Config(name=name, tp=lay.tp, dp=lay.dp, ep=lay.ep, model=a.model, dtype=a.dtype,
+        cfg = Config.make(name=name, tp=lay.tp, dp=lay.dp, ep=lay.ep, model=a.model, dtype=a.dtype,
                      target=a.target, model_path=model,
                      **({"max_running": a.max_running} if a.max_running else {}))
         with open_lm(cfg, a.max_gen_toks, Path("runs/bench-logs")) as lm:

@@ -13,9 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-CACHE_VERSION = 4   # 2: the serving engine (KV cache, decode steps) replaced full-forward generation;
+CACHE_VERSION = 5   # 2: the serving engine (KV cache, decode steps) replaced full-forward generation;
 #                     3: reference solutions teacher-forced as whole lines within samples.GOLD_TOKENS;
-#                     4: reference-token log-probabilities stored unrounded (the tolerance test)
+#                     4: reference-token log-probabilities stored unrounded (the tolerance test);
+#                     5: the fingerprint holds the engine kind's own options (evals/engines), not a fixed list
 
 
 def sha256_json(obj) -> str:
@@ -45,13 +46,10 @@ def fingerprint(config, max_gen_toks: int) -> str:
     """What determines a configuration's answers (not its port or log file)."""
     return sha256_json({
         "v": CACHE_VERSION, "name": config.name, "engine": config.engine,
-        "layout": [config.tp, config.dp, config.ep], "dtype": config.dtype, "target": config.target,
-        "factory": config.factory, "model": _model_identity(config.model_path),
-        "tokenizer": config.tokenizer, "base_url": config.base_url if config.engine == "openai" else None,
-        "served_model": config.served_model, "server_args": list(config.server_args),
-        "max_length": config.max_length, "max_gen_toks": int(max_gen_toks), "replica": config.replica,
-        "serving": [config.serving, config.scheduler, config.max_running, config.max_prefill_tokens,
-                    config.in_flight],
+        "layout": [config.tp, config.dp, config.ep], "dtype": config.dtype,
+        "model": _model_identity(config.model_path), "tokenizer": config.tokenizer,
+        "max_gen_toks": int(max_gen_toks), "replica": config.replica,
+        "options": config.options.identity(),     # the engine kind's own keys (evals/engines)
     })[:16]
 
 

@@ -28,10 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from dpep_parity.checks.serving.scheduler import POLICIES
+from dpep_parity.evals.engines import ENGINES, EngineOptions
 
-ENGINES = ("inproc", "openai", "sglang")
-SERVING_MODES = ("continuous", "prefill")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 GSM8K_METRICS = ("flexible-extract", "strict-match")
 RULES = {
@@ -40,7 +38,7 @@ RULES = {
     "tp%dp": "tp % dp == 0 (DP attention splits the TP group)",
     "tp%ep": "tp % ep == 0 (EP groups live inside the TP group)",
     "positive": "tp, dp, ep must be positive integers",
-    "engine": f"engine must be one of {ENGINES}",
+    "engine": "engine must name an engine kind (evals.engines.ENGINES: inproc, openai, sglang, plug-ins)",
     "required": "engine-specific required fields",
     "known-keys": "only known keys",
     "dtype": f"dtype must be one of {DTYPES}",
@@ -60,6 +58,9 @@ class MatrixError(ValueError):
 
 @dataclass
 class Config:
+    """One configuration of the matrix: the keys every engine shares, and its engine kind's own options
+    (`options`, an instance of that kind's Options class: evals/engines). The TOML stays flat: a
+    [[config]] table's keys are split between the two by `Config.make`."""
     name: str
     engine: str = "inproc"
     tp: int = 1
@@ -68,26 +69,27 @@ class Config:
     baseline: bool = False
     model: str | None = None
     dtype: str = "float32"
-    target: str | None = None          # inproc: "hf", "spec" or "package.module:object"
-    factory: str | None = None         # inproc: "package.module:callable", callable(config) -> engine
-    base_url: str | None = None        # openai
     tokenizer: str | None = None       # default: the model path
-    served_model: str | None = None    # the "model" field sent to an OpenAI server; default: model
-    server_args: list[str] = field(default_factory=list)  # sglang: extra launch_server flags
-    launch: list[str] = field(default_factory=list)       # sglang: command prefix, default python -m ...
-    health_timeout_s: float = 900.0
-    num_concurrent: int = 1
-    batch_size: int = 8
-    max_length: int = 4096
-    serving: str = "continuous"        # inproc: "continuous" (KV cache, decode steps) or "prefill" (every
-                                       # token a full forward, as the suite's engine before the serving engine)
-    scheduler: str = "round_robin"     # inproc serving engine: DP controller policy (checks.serving)
-    max_running: int = 32              # inproc serving engine: requests resident per DP rank
-    max_prefill_tokens: int = 2048     # inproc serving engine: prompt tokens per DP rank and step
-    in_flight: int = 0                 # inproc serving engine: requests the client keeps in flight (0: all)
-    deterministic: bool | None = None  # default: true for inproc engines
+    deterministic: bool | None = None  # default: the engine kind's (true for inproc)
+    options: EngineOptions | None = None   # the engine kind's own keys (default: its Options())
     replica: int = 0                   # 1 for the A/A rerun of the baseline (set by the sign-off)
     model_path: str | None = None      # resolved by resolve_models()
+
+    def __post_init__(self) -> None:
+        if self.options is None and self.engine in ENGINES:
+            self.options = ENGINES[self.engine].Options()
+
+    @classmethod
+    def make(cls, **keys) -> Config:
+        """A configuration from flat keys (a [[config]] table, or code): the common ones and the engine's own.
+        A key neither takes is a TypeError that names the engine."""
+        engine = keys.get("engine", "inproc")
+        kind = ENGINES.lookup(engine)
+        own = {k: keys.pop(k) for k in list(keys) if k in kind.Options.keys()}
+        unknown = set(keys) - COMMON_KEYS
+        if unknown:
+            raise TypeError(f"unknown key(s) {sorted(unknown)} for engine {engine!r}")
+        return cls(**keys, options=kind.Options(**own))
 
     @property
     def layout(self) -> str:
@@ -95,7 +97,10 @@ class Config:
 
     @property
     def is_deterministic(self) -> bool:
-        return self.engine == "inproc" if self.deterministic is None else bool(self.deterministic)
+        return ENGINES.lookup(self.engine).deterministic if self.deterministic is None else bool(self.deterministic)
+
+
+COMMON_KEYS = {f.name for f in fields(Config)} - {"options"}
 
 
 def default_margins() -> dict[str, float]:
@@ -141,7 +146,12 @@ class Matrix:
         return [self.baseline] + [c for c in self.configs if not c.baseline]
 
 
-_CONFIG_KEYS = {f.name for f in fields(Config)} - {"replica", "model_path"}
+_CONFIG_KEYS = COMMON_KEYS - {"replica", "model_path"}
+
+
+def engine_keys() -> dict[str, set[str]]:
+    """Every engine kind's own keys."""
+    return {name: kind.Options.keys() for name, kind in ENGINES.items()}
 _GATE_KEYS = {f.name for f in fields(GateSettings)}
 
 
@@ -173,7 +183,9 @@ def parse(data: dict, path: Path | None = None) -> Matrix:
     entries = data.get("config") or []
     if not isinstance(entries, list) or not entries:
         raise MatrixError(problems + ["[required] no [[config]] entries"], path)
-    for key in set(defaults) - _CONFIG_KEYS:
+    owned = engine_keys()
+    any_engine = set().union(*owned.values())
+    for key in set(defaults) - _CONFIG_KEYS - any_engine:
         problems.append(f"[known-keys] [defaults] has unknown key {key!r}")
 
     configs: list[Config] = []
@@ -181,18 +193,28 @@ def parse(data: dict, path: Path | None = None) -> Matrix:
         if not isinstance(raw, dict):
             problems.append(f"[required] config #{i + 1} is not a table")
             continue
-        merged = {k: v for k, v in defaults.items() if k in _CONFIG_KEYS} | raw
+        engine = raw.get("engine", defaults.get("engine", "inproc"))
+        mine = owned.get(engine, set())
+        # [defaults] may hold keys of several engines: each configuration takes those its engine has
+        merged = {k: v for k, v in defaults.items() if k in _CONFIG_KEYS | mine} | raw
         label = f"config {merged.get('name', f'#{i + 1}')!r}"
-        for key in set(raw) - _CONFIG_KEYS:
-            problems.append(f"[known-keys] {label}: unknown key {key!r}")
-        merged = {k: v for k, v in merged.items() if k in _CONFIG_KEYS}
+        if engine not in owned:
+            problems.append(f"[engine] {label}: {RULES['engine']}, got {engine!r}")
+            continue
+        for key in sorted(set(raw) - _CONFIG_KEYS - mine):
+            others = [n for n, keys in owned.items() if key in keys]
+            problems.append(f"[known-keys] {label}: unknown key {key!r}"
+                            + (f" for engine {engine!r} (an option of engine {' / '.join(map(repr, others))}"
+                               + (": engine 'sglang' starts its own server" if key == "base_url" else "") + ")"
+                               if others else ""))
+        merged = {k: v for k, v in merged.items() if k in _CONFIG_KEYS | mine}
         if not isinstance(merged.get("name"), str) or not merged.get("name"):
             problems.append(f"[required] {label}: 'name' (a non-empty string) is required")
             continue
         if not re.fullmatch(r"[A-Za-z0-9][\w.=+-]*", merged["name"]):
             problems.append(f"[required] {label}: name may hold only letters, digits and . _ = + -")
         try:
-            cfg = Config(**merged)
+            cfg = Config.make(**merged)
         except TypeError as e:
             problems.append(f"[required] {label}: {e}")
             continue
@@ -230,44 +252,11 @@ def _check_config(c: Config, label: str) -> list[str]:
             p.append(f"[tp%ep] {label}: {RULES['tp%ep']} is false for tp={c.tp}, ep={c.ep}")
     if not isinstance(c.baseline, bool):
         p.append(f"[required] {label}: baseline must be true or false")
-    if c.engine not in ENGINES:
-        p.append(f"[engine] {label}: {RULES['engine']}, got {c.engine!r}")
     if c.dtype not in DTYPES:
         p.append(f"[dtype] {label}: {RULES['dtype']}, got {c.dtype!r}")
     if not c.model:
         p.append(f"[required] {label}: 'model' (a model directory, fixture:NAME or hub id) is required")
-    if c.engine == "inproc":
-        if not c.target and not c.factory:
-            p.append(f"[required] {label}: engine 'inproc' needs 'target' (\"hf\", \"spec\" or "
-                     "\"package.module:object\") or 'factory' (\"package.module:callable\")")
-        if c.target == "hf" and not c.factory and (c.tp, c.dp, c.ep) != (1, 1, 1):
-            p.append(f"[required] {label}: target 'hf' is the single-device engine; "
-                     "it needs tp = dp = ep = 1")
-        if c.factory and ":" not in c.factory:
-            p.append(f"[required] {label}: factory must look like 'package.module:callable'")
-    elif c.engine == "openai":
-        if not c.base_url:
-            p.append(f"[required] {label}: engine 'openai' needs 'base_url' (one server per configuration)")
-    elif c.engine == "sglang" and c.base_url:
-        p.append(f"[required] {label}: engine 'sglang' starts its own server; remove 'base_url' "
-                 "or use engine 'openai'")
-    for key in ("server_args", "launch"):
-        v = getattr(c, key)
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            p.append(f"[required] {label}: {key} must be a list of strings")
-    for key in ("health_timeout_s",):
-        if not isinstance(getattr(c, key), int | float) or getattr(c, key) <= 0:
-            p.append(f"[required] {label}: {key} must be a positive number")
-    for key in ("num_concurrent", "batch_size", "max_length", "max_running", "max_prefill_tokens"):
-        if not _is_pos_int(getattr(c, key)):
-            p.append(f"[required] {label}: {key} must be a positive integer")
-    if not isinstance(c.in_flight, int) or isinstance(c.in_flight, bool) or c.in_flight < 0:
-        p.append(f"[required] {label}: in_flight must be an integer >= 0 (0: every request at once)")
-    if c.serving not in SERVING_MODES:
-        p.append(f"[required] {label}: serving must be one of {SERVING_MODES}, got {c.serving!r}")
-    if c.scheduler not in POLICIES:
-        p.append(f"[required] {label}: scheduler must be one of {POLICIES}, got {c.scheduler!r}")
-    return p
+    return p + ENGINES[c.engine].problems(c, label)
 
 
 def _parse_gate(raw: dict) -> tuple[GateSettings, list[str]]:
@@ -327,7 +316,7 @@ def resolve_model(spec: str, engine: str, base: Path | None) -> str:
         if not path.is_absolute() and not path.exists() and base is not None and (base / path).exists():
             path = base / path
         if not path.exists():
-            if engine in ("sglang", "openai") and _HUB_ID.match(spec):
+            if engine in ENGINES and ENGINES[engine].hub_ids and _HUB_ID.match(spec):
                 return spec  # a hub id: the server fetches it
             raise ValueError(f"model path {spec!r} does not exist")
     if not (path / "config.json").is_file():

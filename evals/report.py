@@ -29,7 +29,7 @@ def _summarize(obj) -> dict:
     """A short, schema-agnostic summary of another tool's JSON report."""
     if isinstance(obj, dict):
         if isinstance(obj.get("summary"), dict | str):
-            return {"summary": obj["summary"]}
+            return {"summary": obj["summary"], **_failed_properties(obj)}
         out = {k: (v[:117] + "..." if isinstance(v, str) and len(v) > 120 else v) for k, v in obj.items()
                if isinstance(v, str | int | float | bool) or v is None}
         out.update({f"{k} (entries)": len(v) for k, v in obj.items() if isinstance(v, list | dict)})
@@ -42,6 +42,25 @@ def _summarize(obj) -> dict:
                 out[f"by {key}"] = {v: vals.count(v) for v in sorted(set(vals))}
         return out
     return {"value": obj}
+
+
+def _failed_properties(obj: dict) -> dict:
+    """The property suite's failure records (checks.records, in reports/property-suite.json) counted per failed
+    property: read from the records, not from their text; a record of an unknown version is named, not read."""
+    from dpep_parity.checks.records import FailureRecord, RecordError
+    counts: dict[str, int] = {}
+    unread = 0
+    for failure in obj.get("failures") or ():
+        for raw in failure.get("records") or ():
+            try:
+                rec = FailureRecord.from_json(json.dumps(raw))
+            except RecordError:
+                unread += 1
+                continue
+            for prop in rec.properties:
+                counts[prop] = counts.get(prop, 0) + 1
+    out = {"failed properties": counts} if counts else {}
+    return out | ({"unreadable failure records": unread} if unread else {})
 
 
 def find_colleague_reports(out_dir: Path) -> dict[str, dict]:

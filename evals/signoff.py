@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dpep_parity.evals import tasks
 from dpep_parity.evals.data import DataError, check_data_dir, load_data
-from dpep_parity.evals.engines.base import EngineError
+from dpep_parity.evals.engines import EngineError, engine_of
 from dpep_parity.evals.matrix import MatrixError, load_matrix, resolve_models
 
 DEFAULT_MATRIX = Path(__file__).resolve().parent / "configs" / "fixture-default.toml"
@@ -64,7 +65,6 @@ def _err(msg: str) -> None:
 
 def validate(args) -> tuple:
     """Everything that can be checked before work starts; raises MatrixError/DataError/EngineError."""
-    from dpep_parity.evals.engines.inproc import check_available
 
     chosen = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     bad = [t for t in chosen if t not in tasks.TASKS]
@@ -91,39 +91,12 @@ def validate(args) -> tuple:
     problems = []
     for c in matrix.configs:
         try:
-            if c.engine == "inproc":
-                check_available(c)
-            elif c.engine == "openai" and not str(c.base_url).startswith(("http://", "https://")):
-                problems.append(f"config {c.name!r}: base_url must start with http:// or https://")
-            elif c.engine == "openai" and (why := unreachable(c.base_url)):
-                problems.append(f"config {c.name!r}: no server at {c.base_url} ({why}); start it first, or "
-                                "use engine = \"sglang\" to have the sign-off launch one")
-            elif c.engine == "sglang" and not c.launch and importlib.util.find_spec("sglang") is None:
-                problems.append(f"config {c.name!r}: engine 'sglang' needs the sglang package "
-                                "(pip install sglang) or a 'launch' command")
+            problems += engine_of(c).preflight(c)
         except EngineError as e:
             problems.append(str(e))
     if problems:
         raise MatrixError(problems, matrix.path)
     return matrix, chosen
-
-
-def unreachable(base_url: str, timeout_s: float = 3.0) -> str | None:
-    """Why nothing accepts a TCP connection at the server's host and port (None when something does): a
-    dead server is bad input, found before the baseline runs, not an engine failure a rerun would resume."""
-    import socket
-    from urllib.parse import urlsplit
-
-    u = urlsplit(base_url)
-    try:
-        port = u.port or (443 if u.scheme == "https" else 80)
-    except ValueError as e:
-        return str(e)
-    try:
-        socket.create_connection((u.hostname or "", port), timeout=timeout_s).close()
-    except OSError as e:
-        return e.strerror or type(e).__name__
-    return None
 
 
 def prepare_samples(args, chosen, data):
@@ -157,8 +130,8 @@ def truth_config(matrix, chosen):
     tolerance test of gsm8k-gold, gate.error_test), when the baseline is an in-process engine in half precision
     and a chosen task has a truth measure; else None."""
     base = matrix.baseline
-    if (not matrix.gate.truth or not any(tasks.get(t).truth_measure for t in chosen) or base.engine != "inproc"
-            or base.dtype not in HALF):
+    if (not matrix.gate.truth or not any(tasks.get(t).truth_measure for t in chosen)
+            or not engine_of(base).truth or base.dtype not in HALF):
         return None
     return dataclasses.replace(base, name=f"{base.name}~float64", dtype="float64", baseline=False)
 
@@ -167,7 +140,7 @@ def config_row(c, keys, verdict, args, role: str | None = None) -> dict:
     """A configuration as the report lists it, with its engine's step counters over its cache `keys`."""
     from dpep_parity.evals.runner import serving_stats
 
-    row = {"name": c.name, "layout": c.layout, "engine": c.engine, "target": c.target or c.factory,
+    row = {"name": c.name, "layout": c.layout, "engine": c.engine, "target": engine_of(c).describe(c),
            "model": c.model_path, "dtype": c.dtype, "verdict": verdict,
            "serving": serving_stats(c, keys, args.max_gen_toks, args.out)}
     return row | ({"role": role} if role else {})
@@ -185,11 +158,12 @@ def served_drift_rows(configs) -> list[dict]:
 
     rows = []
     for c in configs:
-        if c.engine != "inproc" or c.factory or c.target in (None, "hf"):
+        target = engine_of(c).drift_target(c)
+        if target is None:
             continue
-        promised = claims(resolve(c.target)) >= {"batch", "placement"}
+        promised = claims(resolve(target)) >= {"batch", "placement"}
         try:
-            drifts = served_drift(c.model_path, c, c.target, c.dtype)
+            drifts = served_drift(c.model_path, c, target, c.dtype)
         except Exception as e:  # noqa: BLE001 - the probe's engine failed: reported, the configuration fails
             rows.append({"config": c.name, "promised": promised, "error": f"{type(e).__name__}: {e}"[:500],
                          "broken": True})
@@ -199,116 +173,172 @@ def served_drift_rows(configs) -> list[dict]:
     return rows
 
 
-def run(args) -> int:
-    t0 = time.monotonic()
-    if args.torch_threads:
+@dataclass
+class SignOff:
+    """What the stages of one sign-off hand on (STAGES): the validated inputs, the runs' records, the
+    comparisons and verdicts, the report."""
+    args: argparse.Namespace
+    t0: float = field(default_factory=time.monotonic)
+    matrix: Any = None
+    chosen: tuple = ()
+    data: Any = None
+    taskset: Any = None
+    samples: dict = field(default_factory=dict)
+    configs: list = field(default_factory=list)      # the runs compared with the baseline (A/A rerun included)
+    truth: Any = None                                # the float64 truth run, if any
+    truth_todo: dict = field(default_factory=dict)
+    power: dict = field(default_factory=dict)
+    results: dict = field(default_factory=dict)
+    timing: dict = field(default_factory=dict)
+    drift: list = field(default_factory=list)
+    comparisons: list = field(default_factory=list)
+    aa: list = field(default_factory=list)
+    verdicts: dict = field(default_factory=dict)
+    overall: str = "INCONCLUSIVE"
+    code: int = EXIT_INCONCLUSIVE
+
+
+def stage_inputs(s: SignOff) -> int | None:
+    """Everything checkable before work: the matrix, the data, the engines, the samples."""
+    if s.args.torch_threads:
         import torch
 
-        torch.set_num_threads(args.torch_threads)
+        torch.set_num_threads(s.args.torch_threads)
     try:
-        matrix, chosen = validate(args)
-        data = load_data(args.data_dir, chosen)
-        taskset, samples = prepare_samples(args, chosen, data)
+        s.matrix, s.chosen = validate(s.args)
+        s.data = load_data(s.args.data_dir, s.chosen)
+        s.taskset, s.samples = prepare_samples(s.args, s.chosen, s.data)
     except (MatrixError, DataError, EngineError) as e:
         _err(str(e))
         return EXIT_INPUT
+    return None
+
+
+def stage_plan(s: SignOff) -> int | None:
+    """The runs (baseline first, the A/A rerun, the float64 truth run) and the pre-run power line."""
     from dpep_parity.evals import gate as G
-    from dpep_parity.evals import report
+
+    base, gs = s.matrix.baseline, s.matrix.gate
+    s.configs = s.matrix.ordered()
+    if s.args.aa:
+        s.configs.insert(1, dataclasses.replace(base, name=f"{base.name}~aa", replica=1, baseline=False))
+    s.truth = truth_config(s.matrix, s.chosen)
+    s.truth_todo = {tasks.get(t).truth_measure: x for t, x in s.samples.items() if tasks.get(t).truth_measure}
+    print(f"Sign-off: {len(s.configs)} runs ({', '.join(c.name for c in s.configs)}), data {s.data.source}, "
+          + ", ".join(f"{t} {len(x)} items" for t, x in s.samples.items()))
+    if s.truth:
+        print(f"Truth run: {s.truth.name} (the baseline in float64, only {', '.join(s.truth_todo)}) for the "
+              f"tolerance test of {', '.join(s.truth_todo)}")
+    in_proc = all(engine_of(c).forced_scores for c in s.matrix.configs)   # gsm8k-gold's measure on every run
+    s.power = G.planned_sizes({t: len(x) for t, x in s.samples.items()}, gs, len(s.matrix.configs) - 1,
+                              tests_per_task={t: tasks.get(t).tests(in_proc, s.truth is not None)
+                                              for t in s.samples})
+    print_plan(s.power, gs)
+    sys.stdout.flush()
+    return None
+
+
+def stage_serve(s: SignOff) -> int | None:
+    """Every run, its finished samples cached as they come (a rerun resumes)."""
     from dpep_parity.evals.runner import run_config
 
-    gs = matrix.gate
-    base = matrix.baseline
-    configs = matrix.ordered()
-    if args.aa:
-        configs.insert(1, dataclasses.replace(base, name=f"{base.name}~aa", replica=1, baseline=False))
-    truth = truth_config(matrix, chosen)
-    truth_todo = {tasks.get(t).truth_measure: s for t, s in samples.items() if tasks.get(t).truth_measure}
-    print(f"Sign-off: {len(configs)} runs ({', '.join(c.name for c in configs)}), data {data.source}, "
-          + ", ".join(f"{t} {len(s)} items" for t, s in samples.items()))
-    if truth:
-        print(f"Truth run: {truth.name} (the baseline in float64, only {', '.join(truth_todo)}) for the tolerance "
-              f"test of {', '.join(truth_todo)}")
-    in_proc = all(c.engine == "inproc" for c in matrix.configs)
-    power = G.planned_sizes({t: len(s) for t, s in samples.items()}, gs, len(matrix.configs) - 1,
-                            tests_per_task={t: tasks.get(t).tests(in_proc, truth is not None) for t in samples})
-    print_plan(power, gs)
-    sys.stdout.flush()
-
-    results, timing = {}, {}
-    runs = [(c, samples) for c in configs]
-    if truth:
-        runs.insert(1, (truth, truth_todo))
+    runs = [(c, s.samples) for c in s.configs]
+    if s.truth:
+        runs.insert(1, (s.truth, s.truth_todo))
     for c, todo in runs:
         t = time.monotonic()
         try:
-            results[c.name] = run_config(c, todo, taskset, args.out, chunk_size=args.chunk_size,
-                                         progress=not args.no_progress)
+            s.results[c.name] = run_config(c, todo, s.taskset, s.args.out, chunk_size=s.args.chunk_size,
+                                           progress=not s.args.no_progress)
         except KeyboardInterrupt:
-            _err(f"interrupted during configuration {c.name!r}: finished samples are cached in {args.out}; "
+            _err(f"interrupted during configuration {c.name!r}: finished samples are cached in {s.args.out}; "
                  f"rerun the same command to resume")
             return EXIT_INTERRUPTED
         except Exception as e:  # noqa: BLE001 - any engine failure; Ctrl-C is handled above
             if not isinstance(e, EngineError):
                 traceback.print_exc()
             _err(f"configuration {c.name!r} failed: {type(e).__name__}: {e}\n(finished samples are cached "
-                 f"in {args.out}; rerun the same command to resume)")
+                 f"in {s.args.out}; rerun the same command to resume)")
             return EXIT_ENGINE
-        timing[c.name] = round(time.monotonic() - t, 2)
+        s.timing[c.name] = round(time.monotonic() - t, 2)
+    return None
 
-    drift = [] if args.no_served_drift else served_drift_rows(matrix.ordered())
 
-    comparisons, aa = [], []
-    truth_recs = ({m: {r["doc_id"]: r for r in results[truth.name][m]} for m in truth_todo} if truth else {})
+def stage_drift(s: SignOff) -> int | None:
+    s.drift = [] if s.args.no_served_drift else served_drift_rows(s.matrix.ordered())
+    return None
+
+
+def stage_compare(s: SignOff) -> int | None:
+    """Each run against the baseline, per task and measure, paired by document."""
+    from dpep_parity.evals import gate as G
+
+    base, gs = s.matrix.baseline, s.matrix.gate
+    truth_recs = ({m: {r["doc_id"]: r for r in s.results[s.truth.name][m]} for m in s.truth_todo}
+                  if s.truth else {})
     try:
-        for c in configs[1:]:
+        for c in s.configs[1:]:
             kind = "aa" if c.replica else "config"
-            for task in samples:
-                p = G.pair(task, results[base.name][task], results[c.name][task], base.name, c.name)
+            for task in s.samples:
+                p = G.pair(task, s.results[base.name][task], s.results[c.name][task], base.name, c.name)
                 for measure in G.measures_of(task, p):
                     tr = truth_recs.get(measure) if c.dtype == base.dtype else None
-                    (aa if kind == "aa" else comparisons).append(G.compare(p, gs, kind, measure, truth=tr))
+                    (s.aa if kind == "aa" else s.comparisons).append(G.compare(p, gs, kind, measure, truth=tr))
     except G.PairingError as e:
         _err(str(e))
         return EXIT_INPUT
-    all_cmp = comparisons + aa
-    G.decide(all_cmp, gs)
-    verdicts = {}
-    for c in matrix.ordered()[1:]:
-        verdicts[c.name] = G.worst(x["verdict"] for x in comparisons if x["config"] == c.name)
-    for d in drift:
-        if d["broken"] and d["config"] in verdicts:     # a broken promise (or a crash) is this configuration's FAIL
-            verdicts[d["config"]] = "FAIL"
-    overall = G.worst(verdicts.values())
-    aa_notes = G.aa_findings(aa, base.is_deterministic) if aa else []
+    return None
+
+
+def stage_decide(s: SignOff) -> int | None:
+    """Holm over the whole family, one verdict per configuration (a broken invariance promise is a FAIL)."""
+    from dpep_parity.evals import gate as G
+
+    G.decide(s.comparisons + s.aa, s.matrix.gate)
+    for c in s.matrix.ordered()[1:]:
+        s.verdicts[c.name] = G.worst(x["verdict"] for x in s.comparisons if x["config"] == c.name)
+    for d in s.drift:
+        if d["broken"] and d["config"] in s.verdicts:     # a broken promise (or a crash) is this configuration's FAIL
+            s.verdicts[d["config"]] = "FAIL"
+    s.overall = G.worst(s.verdicts.values())
+    s.code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL,
+              "INCONCLUSIVE": EXIT_PASS if s.args.allow_inconclusive else EXIT_INCONCLUSIVE}[s.overall]
+    return None
+
+
+def stage_report(s: SignOff) -> int | None:
+    """signoff.{md,json,png}, and the verdicts printed."""
+    import lm_eval
+
+    from dpep_parity.evals import gate as G
+    from dpep_parity.evals import report
+
+    args, base, gs, all_cmp = s.args, s.matrix.baseline, s.matrix.gate, s.comparisons + s.aa
+    aa_notes = G.aa_findings(s.aa, base.is_deterministic) if s.aa else []
     findings = [n for n in aa_notes if "DISAGREEMENT" in n]
-    if len(matrix.configs) == 1:
+    if len(s.matrix.configs) == 1:
         findings.append("the matrix has only the baseline: nothing was compared")
-    for d in drift:
+    for d in s.drift:
         if "error" in d:
             findings.append(f"SERVED-DRIFT PROBE FAILED on {d['config']}: {d['error']}")
         elif d["broken"]:
             findings.append(f"INVARIANCE PROMISE BROKEN on {d['config']} (its target promises batch and placement "
                             f"invariance): " + "; ".join(x for x in d["lines"] if not x.endswith("identical")))
-    import lm_eval
-
     rep = {
-        "verdict": overall, "matrix": str(args.matrix), "data_source": data.source, "seed": args.seed,
+        "verdict": s.overall, "matrix": str(args.matrix), "data_source": s.data.source, "seed": args.seed,
         "gate": {**dataclasses.asdict(gs)}, "lm_eval_version": getattr(lm_eval, "__version__", "?"),
-        "baseline": base.name, "tasks": list(samples),
-        "configs": [config_row(c, samples, verdicts.get(c.name), args) for c in matrix.ordered()]
-        + ([config_row(truth, list(truth_todo), None, args, role="float64 truth")] if truth else []),
-        "plan": power, "comparisons": all_cmp, "measures": list(dict.fromkeys(x["task"] for x in all_cmp)),
+        "baseline": base.name, "tasks": list(s.samples),
+        "configs": [config_row(c, s.samples, s.verdicts.get(c.name), args) for c in s.matrix.ordered()]
+        + ([config_row(s.truth, list(s.truth_todo), None, args, role="float64 truth")] if s.truth else []),
+        "plan": s.power, "comparisons": all_cmp, "measures": list(dict.fromkeys(x["task"] for x in all_cmp)),
         "n_tests": len(G.family(all_cmp)),
         "aa": aa_notes, "findings": findings,
         "colleague_reports": report.find_colleague_reports(args.out),
-        "timing_s": {**timing, "total": round(time.monotonic() - t0, 2)},
-        "max_gen_toks": args.max_gen_toks, "served_drift": drift,
+        "timing_s": {**s.timing, "total": round(time.monotonic() - s.t0, 2)},
+        "max_gen_toks": args.max_gen_toks, "served_drift": s.drift, "exit_code": s.code,
     }
-    code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL,
-            "INCONCLUSIVE": EXIT_PASS if args.allow_inconclusive else EXIT_INCONCLUSIVE}[overall]
-    rep["exit_code"] = code
     files = report.write(rep, args.out)
-    print(f"\nVerdict: {overall}")
+    print(f"\nVerdict: {s.overall}")
     for x in all_cmp:
         tag = " (A/A)" if x["kind"] == "aa" else ""
         err = x.get("error")
@@ -319,9 +349,23 @@ def run(args) -> int:
               + ")")
         for r in x["reasons"]:
             print(f"    - {r}")
-    for d in drift:
+    for d in s.drift:
         print(f"  served drift, {d['config']}: " + (d.get("error") or "; ".join(d["lines"])))
     for n in aa_notes + [f for f in findings if f not in aa_notes]:
         print(f"  note: {n}")
     print(f"Report: {files['markdown']} ({files['json']}, {files['png']})")
-    return code
+    return None
+
+
+# The sign-off as a pipeline: each stage reads and fills the SignOff, and returns an exit code to stop early
+# (bad input, an engine failure, Ctrl-C) or None to go on. Adding a stage is one function here.
+STAGES = (stage_inputs, stage_plan, stage_serve, stage_drift, stage_compare, stage_decide, stage_report)
+
+
+def run(args) -> int:
+    s = SignOff(args)
+    for stage in STAGES:
+        code = stage(s)
+        if code is not None:
+            return code
+    return s.code

@@ -8,6 +8,7 @@ from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
 from dpep_parity.checks.numerics import PrecisionPool
+from dpep_parity.checks.records import FailedCheck, FailureRecord, PropertyFailure, expect
 from dpep_parity.property_tests import search
 
 HALF = ("bfloat16", "float16")
@@ -24,7 +25,7 @@ def pooled_precision(unit: str, strategy, run, known, replay, max_examples: int 
         ex = data.draw(strategy, label="example")
         res = run(ex)
         search.accept(unit, ex, res, known(res, ex))
-        assert res.ok, f"{res.report()}\nreplay: {replay(ex)}"
+        expect(res, f"{res.report()}\nreplay: {replay(ex)}", replay(ex))
         if res.precision:
             mean = sum(res.precision) / len(res.precision)
             target(mean, label=f"{unit}: mean log energy ratio")   # climb toward the largest excess
@@ -37,4 +38,6 @@ def pooled_precision(unit: str, strategy, run, known, replay, max_examples: int 
     v = pool.verdict()
     print(f"{unit} precision: mean log energy ratio {v.mean:+.3f} over {v.tokens} tokens of {v.examples} examples, "
           f"z={v.z:.1f} {v.reason}")
-    assert v.ok, f"[precision] {v.reason}"
+    if not v.ok:
+        raise PropertyFailure(f"[precision] {v.reason}",
+                              FailureRecord((FailedCheck("precision", v.reason),), unit=unit))

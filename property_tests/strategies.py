@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from dpep_parity.checks import units
 from dpep_parity.checks.batches import Batch, Request
-from dpep_parity.checks.topology import Layout, valid_layouts
-from dpep_parity.fixtures.specs import FIXTURES, fixture_config
+from dpep_parity.checks.topology import Layout, layouts_for
+from dpep_parity.fixtures.families import fixture_config
+from dpep_parity.fixtures.specs import FIXTURES
 
 
 @dataclass(frozen=True)
@@ -24,17 +25,9 @@ class Example:
     layer: int = 0
 
     def replay(self, unit: str, target: str) -> str:
-        return (f"python -m checks.replay --target {target} --unit {unit} --fixture {self.fixture} "
+        return (f"dpep replay --target {target} --unit {unit} --fixture {self.fixture} "
                 f"--layout {self.layout} --dtype {self.dtype} --layer {self.layer} "
                 f"--batch '{self.batch.describe()}'")
-
-
-def layouts_for(fixture: str, world_sizes, with_dp_lm_head: bool = False) -> list[Layout]:
-    cfg = fixture_config(fixture)
-    out = []
-    for ws in sorted(world_sizes):
-        out += valid_layouts(ws, cfg, dp_lm_head=with_dp_lm_head)
-    return out
 
 
 @st.composite

@@ -25,6 +25,7 @@ from dpep_parity.checks.batches import Request as R
 from dpep_parity.checks.bench_gpu import evict_if_needed
 from dpep_parity.checks.numerics import PrecisionPool
 from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.records import expect
 from dpep_parity.checks.topology import Layout, valid_layouts
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.large import DRYRUN_FIXTURES, LARGE_FIXTURES
@@ -91,7 +92,7 @@ def _check(suite, unit, data):
     ex = data.draw(large_examples(suite.world_sizes, DTYPES), label="example")
     res = run(suite, unit, ex)
     search.accept(unit, ex, res)
-    assert res.ok, explain(res, unit, ex, suite.target)
+    expect(res, explain(res, unit, ex, suite.target), ex.replay(unit, suite.target))
 
 
 @search.floor

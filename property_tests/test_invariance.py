@@ -18,7 +18,7 @@ from dpep_parity.checks import invariance
 from dpep_parity.checks.targets.protocol import resolve, skip_reason
 from dpep_parity.checks.units import UNITS
 from dpep_parity.fixtures.build import fixture_path
-from dpep_parity.fixtures.specs import fixture_config
+from dpep_parity.fixtures.families import fixture_config
 from dpep_parity.property_tests import search
 from dpep_parity.property_tests.strategies import invariance_pairs, layout_pairs
 
@@ -68,7 +68,7 @@ def test_layout_invariance(suite, unit, data):
         pytest.skip(skip_reason(target, unit, None, None))
     if "layout" not in invariance.claims(target):
         pytest.skip(f"{suite.target} promises no layout invariance (the drift across layouts: "
-                    "python -m checks.invariance pair ... --against-layout)")
+                    "dpep invariance pair ... --against-layout)")
     pair = data.draw(layout_pairs(suite.fixtures, suite.world_sizes, suite.dtypes, unit,
                                   lambda cfg: invariance.layout_groups(target, cfg)), label="pair")
     drift = check_pair(suite, pair)

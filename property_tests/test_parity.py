@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from dpep_parity.checks.batches import Batch
 from dpep_parity.checks.batches import Request as R
 from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.records import expect
 from dpep_parity.checks.targets.protocol import known_failure, resolve, skip_reason
 from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
@@ -51,7 +52,7 @@ def failure(res, unit, ex, suite) -> str:
 def check(suite, unit: str, ex: Example):
     res = evaluate(suite, unit, ex)
     search.accept(unit, ex, res, expected(suite, res, ex))
-    assert res.ok, failure(res, unit, ex, suite)
+    expect(res, failure(res, unit, ex, suite), ex.replay(unit, suite.target))
 
 
 def pin_id(ex: Example) -> str:
@@ -132,7 +133,7 @@ def _run_pinned(suite, unit, ex):
     why = expected(suite, res, ex)
     if why:
         pytest.xfail(f"{why}\n{failure(res, unit, ex, suite)}")
-    assert res.ok, failure(res, unit, ex, suite)
+    expect(res, failure(res, unit, ex, suite), ex.replay(unit, suite.target))
 
 
 @_given("moe")

@@ -28,9 +28,11 @@ from hypothesis.stateful import (
 from dpep_parity.checks import units
 from dpep_parity.checks.batches import Batch
 from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.records import expect
 from dpep_parity.checks.targets.protocol import UNITS, known_failure, resolve, skip_reason
 from dpep_parity.fixtures.build import fixture_path
-from dpep_parity.fixtures.specs import FIXTURES, fixture_config
+from dpep_parity.fixtures.families import fixture_config
+from dpep_parity.fixtures.specs import FIXTURES
 from dpep_parity.property_tests import search
 from dpep_parity.property_tests.strategies import Example, batches, layouts_for
 
@@ -85,9 +87,9 @@ class ForwardSequence(RuleBasedStateMachine):
                           steer=False)
         if r is not None:
             self.worst = max(r, self.worst or r)
-        assert res.ok, (f"forward {self.forwards} of one build (poisoned allocations) failed:\n{res.report()}\n"
-                        f"the steps hypothesis prints reproduce it; if the last forward fails alone too: "
-                        f"{ex.replay(self.unit, s.target)}")
+        expect(res, f"forward {self.forwards} of one build (poisoned allocations) failed:\n{res.report()}\n"
+                    f"the steps hypothesis prints reproduce it; if the last forward fails alone too: "
+                    f"{ex.replay(self.unit, s.target)}", ex.replay(self.unit, s.target))
 
     def teardown(self):
         if getattr(self, "worst", None) is not None:   # steer toward the sequence closest to failing

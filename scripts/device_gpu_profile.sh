@@ -35,7 +35,7 @@ if has tests; then
   lim 300 $PY -m pytest property_tests -m "not gpu" -n 4 --device cuda --hypothesis-profile gpu -q \
     -p no:cacheprovider > "$OUT/tiny.log" 2>&1 &
   tiny=$!
-  lim 200 $PY -m fixtures.large build >> "$S" 2>&1
+  lim 200 $PY -m fixtures build --large >> "$S" 2>&1
   stamp "tier (property_tests/test_gpu.py) and tolerance study, in parallel"
   lim 330 $PY -m pytest property_tests/test_gpu.py -p no:xdist --device cuda --hypothesis-profile gpu \
     -q -s -p no:cacheprovider > "$OUT/tier.log" 2>&1 &
@@ -51,7 +51,7 @@ if has tests; then
 fi
 
 if has bench; then   # alone on the GPU: its timings are the figures
-  lim 200 $PY -m fixtures.large build >> "$S" 2>&1
+  lim 200 $PY -m fixtures build --large >> "$S" 2>&1
   stamp bench
   lim 300 $PY -m checks.bench_gpu bench --examples 16 --json "$OUT/bench.json" > "$OUT/bench.md" 2>&1
   echo "bench exit $?" >> "$S"

@@ -38,6 +38,9 @@ class ServingEngine:
         config, _ = load_weights(self.model_dir)
         self.layout = validate(Layout(tp, dp, ep), config)
         tgt = resolve(target)   # fail before any rank starts
+        # the protocol's `sessions`: only a target that keeps KV caches across steps gets the session's request
+        # ids and releases; for others every step carries each request's tokens from its start (token_ids)
+        self.sessions = bool(getattr(tgt, "sessions", False))
         self.name = f"{target}:{self.layout}:{dtype}"
         self.deadline_s = deadline_s
         self.policy, self.max_running, self.max_prefill_tokens = policy, max_running, max_prefill_tokens
@@ -97,7 +100,7 @@ class ServingEngine:
         batch = Batch(tuple(tuple(Request(e.prefix, e.extend) for e in entries) for entries in plan.per_dp))
         ids = tuple(tuple(e.req.tokens[: e.prefix + e.extend]) for entries in plan.per_dp for e in entries)
         serving = tuple(Serving(session, tuple(e.req.rid for e in entries), tuple(plan.released[d]), capacity)
-                        for d, entries in enumerate(plan.per_dp))
+                        for d, entries in enumerate(plan.per_dp)) if self.sessions else None
         job = UnitJob(self.target, "model", self.model_dir, lay, batch, self.dtype, token_ids=ids,
                       serving=serving)
         results = self.world.run(job)

@@ -77,11 +77,11 @@ def served_drift(model_dir: str, layout, target: str, dtype: str = "float32", n:
 
 
 def main(argv=None) -> int:
-    from dpep_parity.checks.cli import prog
     from dpep_parity.checks.invariance import claims
     from dpep_parity.checks.targets.protocol import resolve
     from dpep_parity.checks.topology import Layout
     from dpep_parity.fixtures.build import fixture_path
+    from dpep_parity.progname import prog
     ap = argparse.ArgumentParser(prog=prog("python -m checks.serving.invariance"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="spec")
     ap.add_argument("--fixture", default="qwen2-moe-noshared")

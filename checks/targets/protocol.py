@@ -21,8 +21,9 @@ differs from one device's, and a different choice away from a tie fails), "routi
 top_k]} in the order of the sorted ids) with "router_logits" ({layer: [rows, experts]}): the router-weights check
 (checks.router_weights; `Route` builds all three). See docs/targets.md.
 
-Optional: `sessions = True`: the target keeps KV caches across the steps of a serving session (`Step.serving`,
-see `Serving`); without it the serving engine still works, the target recomputing prefixes every step.
+Optional: `sessions = True`: the target keeps KV caches across the steps of a serving session. The serving
+engine (checks.serving.engine) reads it: such a target gets `Step.serving` (see `Serving`); any other gets
+`serving=None` and every request's tokens from its start each step, and recomputes the prefixes.
 
 Debug mode: under `Step.poison` / `BuildEnv.poison` (the stateful property) the suite makes torch.empty and
 its kin return NaN-filled float tensors in the rank processes (checks.poison): a target that reads memory it
@@ -67,8 +68,20 @@ from dpep_parity import own_module
 from dpep_parity.checks.batches import MAX_LEN, Batch, Request
 from dpep_parity.checks.topology import Layout
 from dpep_parity.checks.units import UNITS  # noqa: F401  (re-exported: the registry is checks/units/)
+from dpep_parity.registry import Registry
 
-ALIASES = {"spec": "dpep_parity.checks.targets.spec:SPEC", "sglang": "dpep_parity.checks.targets.sglang:TARGET"}
+
+def _implements_protocol(obj: Any) -> None:
+    missing = [need for need in ("name", "units", "build", "run") if not hasattr(obj, need)]
+    if missing:
+        raise ValueError(f"a target needs {', '.join(missing)}: see docs/targets.md")
+
+
+# the named targets (`--target spec`): the shipped two, imported on first use, and outside packages' (entry
+# points of group dpep_parity.targets, each a target object or class); any 'package.module:object' works too
+TARGETS: Registry[Any] = Registry("targets", check=_implements_protocol)
+TARGETS.refer("spec", "dpep_parity.checks.targets.spec:SPEC")
+TARGETS.refer("sglang", "dpep_parity.checks.targets.sglang:TARGET")
 
 
 @dataclass
@@ -210,9 +223,13 @@ def resolve(spec: str | Any) -> Any:
     """'spec', 'pkg.mod:obj' or an object. A class is instantiated with no arguments."""
     if not isinstance(spec, str):
         return spec
-    spec = ALIASES.get(spec, spec)
     if ":" not in spec:
-        raise ValueError(f"target {spec!r}: expected 'package.module:object' or one of {sorted(ALIASES)}")
+        if spec not in TARGETS:
+            raise ValueError(f"target {spec!r}: expected 'package.module:object' or one of {sorted(TARGETS)}")
+        try:
+            return TARGETS[spec]
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"cannot load target {spec!r} ({TARGETS.origin(spec)}): {e}") from e
     mod, _, attr = spec.partition(":")
     try:
         obj = getattr(importlib.import_module(own_module(mod)), attr)

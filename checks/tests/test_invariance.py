@@ -79,7 +79,7 @@ def test_the_search_kills_each_invariance_mutant_in_the_ci_profile(m):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=root,
                          env={**os.environ, "DPEP_PROFILE": "ci"})
     text = out.stdout + out.stderr
-    assert out.returncode == 1 and "promises" in text and "replay: python -m checks.invariance pair" in text, \
+    assert out.returncode == 1 and "promises" in text and "replay: dpep invariance pair" in text, \
         text[-3000:]
 
 

@@ -14,7 +14,8 @@ from dpep_parity.checks.numerics import PrecisionPool, precision_sample
 from dpep_parity.checks.reference import Oracle, load_model
 from dpep_parity.fixtures import families
 from dpep_parity.fixtures.build import fixture_path
-from dpep_parity.fixtures.specs import FIXTURES, sparse_layers
+from dpep_parity.fixtures.families import sparse_layers
+from dpep_parity.fixtures.specs import FIXTURES
 
 U = 2.0 ** -53
 

@@ -170,6 +170,19 @@ def test_served_logits_pass_the_tolerance_model(model):
             assert v.ok, str(v)
 
 
+def test_a_target_without_sessions_is_served_whole_prefixes_and_generates_the_same(model):
+    """The protocol's `sessions`: a target that does not declare it gets no serving session and recomputes
+    each request's prefix every step (positive control: it generates what one device does); the same code
+    declaring sessions is sent them (negative control: it refuses them, so the flag is what the engine read)."""
+    path, hf = model
+    engine = _served(path, "dpep_parity.checks.tests.sessionless_target:TARGET")
+    assert not engine.sessions and _served(path, "spec").sessions
+    assert engine.generate(PROMPTS, NEW) == [_greedy(hf[torch.float64], p, n) for p, n in zip(PROMPTS, NEW)]
+    assert engine.stats["decode_steps"] > 0
+    with pytest.raises(Exception, match="keeps no KV cache"):
+        _served(path, "dpep_parity.checks.tests.sessionless_target:CLAIMS").generate(PROMPTS[:1], [2])
+
+
 def test_decode_only_fault_is_caught_served_and_missed_by_full_forwards(model):
     path, hf = model
     want = [_greedy(hf[torch.float64], p, n) for p, n in zip(PROMPTS, NEW)]

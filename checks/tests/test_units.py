@@ -8,6 +8,7 @@ import torch
 
 from dpep_parity.checks import units
 from dpep_parity.checks.batches import Batch, Request, seq_inputs, seq_token_ids
+from dpep_parity.registry import Registry
 
 CONFIG = {"hidden_size": 8, "vocab_size": 11}
 BATCH = Batch(((Request(3, 2), Request(0, 4)), (), (Request(5, 1),)), seed=7)
@@ -66,8 +67,9 @@ def test_a_new_unit_is_one_module(tmp_path, monkeypatch):
         "UNIT = Unit('shared_expert', 10, 'rows', lambda *a: None, lambda *a: [], dispatch=False)\n")
     monkeypatch.setattr(units, "__path__", [*units.__path__, str(tmp_path)])
     monkeypatch.delitem(sys.modules, "dpep_parity.checks.units.shared_expert", raising=False)
-    try:
-        found = units._discover()
+    try:     # a registry read afresh, as the package's is on a process's first read
+        found = dict(Registry("units", package=units.__name__, attr="UNIT", accept=units.Unit,
+                              order=lambda u: (u.order, u.name)))
     finally:
         sys.modules.pop("dpep_parity.checks.units.shared_expert", None)
     assert tuple(found) == (*units.UNITS, "shared_expert")

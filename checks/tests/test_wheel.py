@@ -84,3 +84,31 @@ def test_the_plugin_runs_a_pinned_example_from_an_empty_directory(installed):
                         "dpep_parity.property_tests.test_parity", "-k", ONE_PIN], cwd=empty, capture_output=True,
                        text=True, timeout=600, env={**env, "DPEP_MAX_EXAMPLES": "2"})
     assert r.returncode == 0 and "1 passed" in r.stdout, (r.stdout + r.stderr)[-3000:]
+
+
+def test_a_failing_propertys_replay_line_replays_in_an_engine_repository(installed):
+    """An engine's repository with the wheel installed: a property fails on a catalog mutant (B08, at its pinned
+    trigger), and the `replay:` line it prints, run as it is in that repository, replays the same FAIL."""
+    _, py, env, empty = installed
+    repo = empty.parent / "engine-repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text('[project]\nname = "an-engine"\nversion = "0"\n')
+    bindir = py.parent                  # the console script pip writes from the wheel's entry_points.txt
+    script = bindir / "dpep"
+    script.write_text(f"#!{py}\nimport re\nimport sys\nfrom dpep_parity.checks.cli import main\n"
+                      "if __name__ == '__main__':\n"
+                      "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+                      "    sys.exit(main())\n")
+    script.chmod(0o755)
+    env = {**env, "PATH": f"{bindir}{os.pathsep}{env.get('PATH', '')}", "DPEP_MAX_EXAMPLES": "2"}
+    r = subprocess.run([str(py), "-m", "pytest", "-p", "dpep", "-p", "no:cacheprovider", "-q", "--pyargs",
+                        "dpep_parity.property_tests.test_parity", "-k", ONE_PIN, "--target", "checks.mutants:B08"],
+                       cwd=repo, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 1 and "1 failed" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    line = next(ln.split("replay: ", 1)[1] for ln in r.stdout.splitlines() if "replay: dpep replay " in ln)
+    assert "--target checks.mutants:B08" in line
+    out = subprocess.run(line, shell=True, cwd=repo, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 1 and "FAIL" in out.stdout, (line, (out.stdout + out.stderr)[-3000:])
+    control = subprocess.run(line.replace("checks.mutants:B08", "spec"), shell=True, cwd=repo,
+                             capture_output=True, text=True, timeout=600, env=env)
+    assert control.returncode == 0 and "PASS" in control.stdout, (control.stdout + control.stderr)[-3000:]

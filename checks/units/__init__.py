@@ -6,13 +6,12 @@ variants), and which unit-specific checks apply (routing over one layer or every
 greedy token). The judge (checks.parity), the rank job (checks.unitjob), the strategies and the tools read
 these fields instead of testing unit names.
 
-Adding a unit is one module in this package defining ``UNIT = Unit(...)`` (and each target's implementation
+Adding a unit is one module in this package defining ``UNIT = Unit(...)``, or an entry point of group
+``dpep_parity.units`` in an outside package (and each target's implementation
 of it: a target that does not implement a unit lists only the others in its ``units``).
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from dpep_parity.checks.batches import Batch, seq_inputs, seq_token_ids
+from dpep_parity.registry import Registry
 
 if TYPE_CHECKING:
     from dpep_parity.checks.reference import Oracle, UnitRef
@@ -90,21 +90,14 @@ class Unit:
         return [torch.cat(seqs) if seqs else torch.zeros(0, config["hidden_size"], dtype=dtype)]
 
 
-def _discover() -> dict[str, Unit]:
-    found = []
-    for info in pkgutil.iter_modules(__path__):
-        unit = getattr(importlib.import_module(f"{__name__}.{info.name}"), "UNIT", None)
-        if isinstance(unit, Unit):
-            found.append(unit)
-    return {u.name: u for u in sorted(found, key=lambda u: (u.order, u.name))}
-
-
-REGISTRY: dict[str, Unit] = _discover()
+# the units: one module per unit here (UNIT), and outside packages' entry points (group dpep_parity.units)
+REGISTRY: Registry[Unit] = Registry("units", package=__name__, attr="UNIT", accept=Unit,
+                                    order=lambda u: (u.order, u.name))
 UNITS: tuple[str, ...] = tuple(REGISTRY)
 
 
 def get(name: str) -> Unit:
     try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown unit {name!r}: one of {', '.join(UNITS)}") from None
+        return REGISTRY.lookup(name)
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None

@@ -8,11 +8,13 @@
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import importlib.util
 
 from dpep_parity import own_module
-from dpep_parity.evals.engines.base import EngineError, ForwardEngine
+from dpep_parity.evals.engines.base import Engine, EngineError, EngineOptions, ForwardEngine, is_pos_int
 
 HF_TARGET = "hf"
 
@@ -40,20 +42,95 @@ def serving_engine_available() -> bool:
         return False
 
 
+SERVING_MODES = ("continuous", "prefill")
+
+
+@dataclasses.dataclass
+class InprocOptions(EngineOptions):
+    target: str | None = None          # "hf", "spec", "sglang" or "package.module:object"
+    factory: str | None = None         # "package.module:callable", callable(config) -> engine
+    batch_size: int = 8                # requests per call of the LM adapter
+    serving: str = "continuous"        # "continuous" (KV cache, decode steps) or "prefill" (every token a full
+    #                                    forward, as the suite's engine before the serving engine)
+    scheduler: str = "round_robin"     # the serving engine's DP controller policy (checks.serving)
+    max_running: int = 32              # requests resident per DP rank
+    max_prefill_tokens: int = 2048     # prompt tokens per DP rank and step
+    in_flight: int = 0                 # requests the client keeps in flight (0: all)
+
+
+class InprocEngine(Engine):
+    """`engine = "inproc"`: a target served in this process (module docstring)."""
+    name = "inproc"
+    Options = InprocOptions
+    deterministic = True
+    forced_scores = True              # ForwardEngineLM.forced_scores
+    truth = True
+
+    def problems(self, config, label: str) -> list[str]:
+        from dpep_parity.checks.serving.scheduler import POLICIES
+        o, p = config.options, []
+        if not o.target and not o.factory:
+            p.append(f"[required] {label}: engine 'inproc' needs 'target' (\"hf\", \"spec\" or "
+                     "\"package.module:object\") or 'factory' (\"package.module:callable\")")
+        if o.target == HF_TARGET and not o.factory and (config.tp, config.dp, config.ep) != (1, 1, 1):
+            p.append(f"[required] {label}: target 'hf' is the single-device engine; it needs tp = dp = ep = 1")
+        if o.factory and ":" not in o.factory:
+            p.append(f"[required] {label}: factory must look like 'package.module:callable'")
+        for key in ("batch_size", "max_running", "max_prefill_tokens"):
+            if not is_pos_int(getattr(o, key)):
+                p.append(f"[required] {label}: {key} must be a positive integer")
+        if not isinstance(o.in_flight, int) or isinstance(o.in_flight, bool) or o.in_flight < 0:
+            p.append(f"[required] {label}: in_flight must be an integer >= 0 (0: every request at once)")
+        if o.serving not in SERVING_MODES:
+            p.append(f"[required] {label}: serving must be one of {SERVING_MODES}, got {o.serving!r}")
+        if o.scheduler not in POLICIES:
+            p.append(f"[required] {label}: scheduler must be one of {POLICIES}, got {o.scheduler!r}")
+        return p
+
+    def preflight(self, config) -> list[str]:
+        try:
+            check_available(config)
+        except EngineError as e:
+            return [str(e)]
+        return []
+
+    def describe(self, config) -> str:
+        return config.options.target or config.options.factory
+
+    def drift_target(self, config) -> str | None:
+        o = config.options
+        return None if o.factory or o.target in (None, HF_TARGET) else o.target
+
+    @contextlib.contextmanager
+    def open(self, config, max_gen_toks, log_dir):
+        from dpep_parity.evals.lm_adapter import ForwardEngineLM
+
+        engine = make_engine(config)
+        try:
+            yield ForwardEngineLM(engine=engine, tokenizer=config.tokenizer or config.model_path,
+                                  max_gen_toks=max_gen_toks, batch_size=config.options.batch_size)
+        finally:
+            engine.close()
+
+
+ENGINE = InprocEngine()
+
+
 def check_available(config) -> None:
     """Raise EngineError now (before any work) if ``make_engine(config)`` cannot work."""
-    if config.factory:
-        if not callable(import_object(config.factory)):
-            raise EngineError(f"config {config.name!r}: factory {config.factory!r} is not callable")
-    elif config.target != HF_TARGET:
+    o = config.options
+    if o.factory:
+        if not callable(import_object(o.factory)):
+            raise EngineError(f"config {config.name!r}: factory {o.factory!r} is not callable")
+    elif o.target != HF_TARGET:
         if not serving_engine_available():
             raise EngineError(
-                f"config {config.name!r}: target {config.target!r} needs the in-process serving engine "
+                f"config {config.name!r}: target {o.target!r} needs the in-process serving engine "
                 "checks.serving.ServingEngine, which is not available in this checkout; use "
                 f"target = {HF_TARGET!r} for the single-device transformers engine")
-        if ":" in config.target:  # a plug-in target: importable now, not after the baseline ran
+        if ":" in o.target:  # a plug-in target: importable now, not after the baseline ran
             try:
-                import_object(config.target)
+                import_object(o.target)
             except EngineError as e:
                 raise EngineError(f"config {config.name!r}: target: {e}") from None
         bad = layout_problems(config)
@@ -78,9 +155,10 @@ def layout_problems(config) -> list[str]:
 
 
 def make_engine(config) -> ForwardEngine:
-    if config.factory:
-        return import_object(config.factory)(config)
-    if config.target == HF_TARGET:
+    o = config.options
+    if o.factory:
+        return import_object(o.factory)(config)
+    if o.target == HF_TARGET:
         from dpep_parity.evals.engines.hf_local import HFForwardEngine
 
         return HFForwardEngine(config.model_path, config.dtype)
@@ -88,12 +166,12 @@ def make_engine(config) -> ForwardEngine:
         from dpep_parity.checks.serving.engine import ServingEngine
     except ImportError as e:
         raise EngineError(
-            f"config {config.name!r}: target {config.target!r} needs checks.serving.ServingEngine "
+            f"config {config.name!r}: target {o.target!r} needs checks.serving.ServingEngine "
             f"(the in-process serving engine), which cannot be imported: {e}") from e
-    engine = ServingEngine(config.model_path, tp=config.tp, dp=config.dp, ep=config.ep, target=config.target,
-                           dtype=config.dtype, policy=config.scheduler, max_running=config.max_running,
-                           max_prefill_tokens=config.max_prefill_tokens, in_flight=config.in_flight)
-    return PrefillOnly(engine) if config.serving == "prefill" else engine
+    engine = ServingEngine(config.model_path, tp=config.tp, dp=config.dp, ep=config.ep, target=o.target,
+                           dtype=config.dtype, policy=o.scheduler, max_running=o.max_running,
+                           max_prefill_tokens=o.max_prefill_tokens, in_flight=o.in_flight)
+    return PrefillOnly(engine) if o.serving == "prefill" else engine
 
 
 class PrefillOnly:

@@ -7,6 +7,8 @@ with the tail of its log - never a hang.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -18,7 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-from dpep_parity.evals.engines.base import EngineError
+from dpep_parity.evals.engines.base import Engine, EngineError
+from dpep_parity.evals.engines.openai import ServerOptions, make_openai_lm
 
 SGLANG_LAUNCH = (sys.executable, "-m", "sglang.launch_server")
 
@@ -134,3 +137,59 @@ class SGLangServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@dataclasses.dataclass
+class SGLangOptions(ServerOptions):
+    server_args: list[str] = dataclasses.field(default_factory=list)   # extra launch_server flags
+    launch: list[str] = dataclasses.field(default_factory=list)        # command prefix, default python -m ...
+    health_timeout_s: float = 900.0
+
+
+class SGLangEngine(Engine):
+    """`engine = "sglang"`: the sign-off launches an SGLang server per configuration and ends it after."""
+    name = "sglang"
+    Options = SGLangOptions
+    hub_ids = True
+
+    def problems(self, config, label: str) -> list[str]:
+        o, p = config.options, config.options.problems(label)
+        for key in ("server_args", "launch"):
+            v = getattr(o, key)
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                p.append(f"[required] {label}: {key} must be a list of strings")
+        if not isinstance(o.health_timeout_s, int | float) or o.health_timeout_s <= 0:
+            p.append(f"[required] {label}: health_timeout_s must be a positive number")
+        return p
+
+    def preflight(self, config) -> list[str]:
+        import importlib.util
+        if not config.options.launch and importlib.util.find_spec("sglang") is None:
+            return [f"config {config.name!r}: engine 'sglang' needs the sglang package (pip install sglang) or a "
+                    "'launch' command"]
+        return []
+
+    def describe(self, config) -> str:
+        return "sglang.launch_server" + (f" {' '.join(config.options.server_args)}" if config.options.server_args
+                                         else "")
+
+    @contextlib.contextmanager
+    def open(self, config, max_gen_toks, log_dir):
+        o = config.options
+        server = SGLangServer(config.model_path, tp=config.tp, dp=config.dp, ep=config.ep, dtype=config.dtype,
+                              log_path=Path(log_dir) / f"{config.name}.server.log", extra_args=tuple(o.server_args),
+                              health_timeout_s=o.health_timeout_s, launch=tuple(o.launch) if o.launch else SGLANG_LAUNCH)
+        with server:
+            try:
+                yield make_openai_lm(server.base_url, o.served_model or config.model_path,
+                                     config.tokenizer or config.model_path, max_gen_toks,
+                                     max_length=o.max_length, num_concurrent=o.num_concurrent)
+            except Exception as e:
+                if server.proc is not None and server.proc.poll() is not None:
+                    raise EngineError(f"the server of {config.name!r} died during the run (exit code "
+                                      f"{server.proc.returncode}); last log lines of {server.log_path}:\n"
+                                      f"{log_tail(server.log_path)}") from e
+                raise
+
+
+ENGINE = SGLangEngine()

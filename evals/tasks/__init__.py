@@ -1,7 +1,8 @@
 """The eval-task registry: every task is one module of this package defining ``TASK`` (an
-:class:`~dpep_parity.evals.tasks.base.EvalTask`), found here when the package is imported; ``register`` adds one
-from elsewhere (a test, a plugin). The data loader, the sign-off, the gate, the matrix's margins and the report
-consult the registry and never test task names.
+:class:`~dpep_parity.evals.tasks.base.EvalTask`), found on the registry's first read (dpep_parity.registry)
+with outside packages' entry points of group ``dpep_parity.tasks``; ``register`` adds one from code (a
+test). The data loader, the sign-off, the gate, the matrix's margins and the report consult the registry
+and never test task names.
 
 Adding a task is one new file, ``evals/tasks/<name>.py`` (its lm-eval YAML may sit beside it): subclass
 ``EvalTask`` with its name, data splits and row validator, its lm-eval task, how documents are selected, how
@@ -15,49 +16,36 @@ are lm-eval's own; only the dataset comes from :mod:`evals.data`.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from dpep_parity.evals.tasks.base import HERE, EvalTask, Measure, doc_seed  # noqa: F401  (re-exported)
-
-TASKS: dict[str, EvalTask] = {}
-_NOT_TASKS = {"base"}
+from dpep_parity.registry import Registry
 
 
-def register(task: EvalTask) -> EvalTask:
-    """Add a task (replacing one of the same name); its measure names must be new."""
+def _measures_are_new(task: EvalTask) -> None:
+    """A task needs a name and measures, and its measure names must not belong to another task."""
     taken = {m.name: t.name for t in TASKS.values() if t.name != task.name for m in t.measures}
     clash = [m.name for m in task.measures if m.name in taken]
     if not task.name or not task.measures or clash:
         raise ValueError(f"cannot register task {task.name!r}: it needs a name and measures"
                          + (f"; measures {clash} belong to other tasks" if clash else ""))
-    TASKS[task.name] = task
-    for t in sorted(TASKS.values(), key=lambda t: (t.order, t.name)):
-        TASKS[t.name] = TASKS.pop(t.name)
-    return task
+
+
+# the tasks: one module per task here (TASK), and outside packages' entry points (group dpep_parity.tasks)
+TASKS: Registry[EvalTask] = Registry("tasks", package=__name__, attr="TASK", accept=EvalTask,
+                                     order=lambda t: (t.order, t.name), noun="eval task")
+
+
+def register(task: EvalTask) -> EvalTask:
+    """Add a task (replacing one of the same name); its measure names must be new."""
+    _measures_are_new(task)
+    return TASKS.register(task, replace=True)
 
 
 def unregister(name: str) -> None:
-    TASKS.pop(name, None)
-
-
-def _discover() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.name in _NOT_TASKS or info.name.startswith("_"):
-            continue
-        task = getattr(importlib.import_module(f"{__name__}.{info.name}"), "TASK", None)
-        if isinstance(task, EvalTask):
-            register(task)
-
-
-_discover()
+    TASKS.unregister(name)
 
 
 def get(name: str) -> EvalTask:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise KeyError(f"unknown eval task {name!r} (known: {', '.join(TASKS)})") from None
+    return TASKS.lookup(name)
 
 
 def names() -> tuple[str, ...]:
@@ -65,8 +53,17 @@ def names() -> tuple[str, ...]:
 
 
 def measures() -> dict[str, Measure]:
-    """Every registered measure by name, in task order."""
-    return {m.name: m for t in TASKS.values() for m in t.measures}
+    """Every registered measure by name, in task order; two tasks (an outside one among them) may not share
+    a measure's name."""
+    out: dict[str, Measure] = {}
+    owner: dict[str, str] = {}
+    for t in TASKS.values():
+        for m in t.measures:
+            if m.name in out:
+                raise ValueError(f"measure {m.name!r} of task {t.name!r} ({TASKS.origin(t.name)}) belongs to task "
+                                 f"{owner[m.name]!r} already")
+            out[m.name], owner[m.name] = m, t.name
+    return out
 
 
 def measure(name: str) -> Measure:

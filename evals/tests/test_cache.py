@@ -36,10 +36,10 @@ def test_line_cut_by_a_kill_is_removed_reported_and_appending_resumes_cleanly(tm
 
 
 def test_fingerprint_tracks_what_changes_answers(tiny_model):
-    base = Config(name="a", model="m", target="hf", model_path=str(tiny_model))
-    same = Config(name="a", model="m", target="hf", model_path=str(tiny_model))
+    flat = {"name": "a", "model": "m", "target": "hf", "model_path": str(tiny_model)}
+    base, same = Config.make(**flat), Config.make(**flat)
     assert fingerprint(base, 8) == fingerprint(same, 8)
     assert fingerprint(base, 8) != fingerprint(base, 16)
-    for change in ({"dtype": "bfloat16"}, {"tp": 2}, {"replica": 1}, {"target": "spec"}):
-        other = Config(**{**base.__dict__, **change})
+    for change in ({"dtype": "bfloat16"}, {"tp": 2}, {"replica": 1}, {"target": "spec"}, {"serving": "prefill"}):
+        other = Config.make(**{**flat, **change})
         assert fingerprint(other, 8) != fingerprint(base, 8), change

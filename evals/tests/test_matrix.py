@@ -17,7 +17,7 @@ def test_fixture_default_matrix_parses():
     assert m.baseline.name == "tp1"
     layouts = [(c.tp, c.dp, c.ep) for c in m.ordered()]
     assert layouts == [(1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 2, 2), (4, 4, 4)]
-    assert {c.engine for c in m.configs} == {"inproc"} and {c.target for c in m.configs} == {"spec"}
+    assert {c.engine for c in m.configs} == {"inproc"} and {c.options.target for c in m.configs} == {"spec"}
     assert {c.model for c in m.configs} == {"fixture:qwen2-moe-shared"}
     assert {t: m.gate.margin_for(t) for t in ("mmlu", "gsm8k", "gsm8k-gold")} == \
         {"mmlu": 1.0, "gsm8k": 2.0, "gsm8k-gold": 1.0}
@@ -26,8 +26,8 @@ def test_fixture_default_matrix_parses():
 
 def test_sglang_cpu_matrix_parses():
     m = load_matrix(DEFAULT_MATRIX.with_name("sglang-cpu.toml"))
-    assert m.baseline.target == "hf"
-    assert {c.target for c in m.configs if not c.baseline} == {"sglang"}
+    assert m.baseline.options.target == "hf"
+    assert {c.options.target for c in m.configs if not c.baseline} == {"sglang"}
     assert {(c.tp, c.dp, c.ep) for c in m.configs} >= {(2, 2, 1), (4, 2, 2), (4, 4, 4)}
 
 

@@ -212,3 +212,16 @@ def test_a_dead_openai_server_is_bad_input_before_the_baseline_runs(tmp_path, ti
     err = capsys.readouterr().err
     assert rc == 2 and f"config 'served': no server at http://127.0.0.1:{port}" in err
     assert not (tmp_path / "o" / "cache").exists()
+
+
+def test_the_property_suites_failures_are_counted_from_their_records_not_their_text():
+    from dpep_parity.checks.records import FailedCheck, FailureRecord
+    from dpep_parity.evals.report import _summarize
+
+    rec = FailureRecord((FailedCheck("parity", "8 rows beyond"), FailedCheck("routing", "rank 2")), unit="moe")
+    obj = {"summary": "2 failed", "failures": [
+        {"test": "t", "records": [json.loads(rec.to_json())]},
+        {"test": "u", "records": [{"schema": "dpep.failure/9", "failed": []}]},
+        {"test": "v", "records": []}]}           # control: text alone ("[parity] ..." in a message) counts nothing
+    assert _summarize(obj) == {"summary": "2 failed", "failed properties": {"parity": 1, "routing": 1},
+                               "unreadable failure records": 1}

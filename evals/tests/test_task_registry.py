@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from dpep_parity.evals import gate as G
 from dpep_parity.evals import tasks
 from dpep_parity.evals.data import DataError, load_local
 from dpep_parity.evals.matrix import GateSettings, parse
-from dpep_parity.evals.tasks.base import EvalTask, Measure, Sample, prefix_of_permutation, request_hash
+from dpep_parity.evals.tasks.base import EvalTask
+from dpep_parity.evals.tests.echo_task import EchoTask
 
 
 def test_shipped_tasks_are_discovered_with_their_measures():
@@ -39,49 +39,6 @@ def test_a_task_may_not_take_another_tasks_measure():
 
 
 # ------------------------------------------------------------------------------------ a task in one file
-def _outcomes(p, gate):
-    return (np.array([r["metrics"]["acc"] for r in p.base]), np.array([r["metrics"]["acc"] for r in p.cfg]),
-            np.array([r["doc_id"] for r in p.base]))
-
-
-def _agreement(p):
-    return float(np.mean([b["ll"] == c["ll"] for b, c in zip(p.base, p.cfg)])), "same log-likelihood"
-
-
-class EchoTask(EvalTask):
-    """A tiny task: is " <word>" the model's greedy continuation of "Say <word>:"? (log-likelihood requests)"""
-
-    name = "echo"
-    splits = ("test",)
-    measures = (Measure("echo", margin=30.0, unit="item", cluster=None, outcomes=_outcomes,
-                        agreement=_agreement),)
-
-    def check_row(self, row, where):
-        if not isinstance(row, dict) or not isinstance(row.get("word"), str):
-            raise DataError(f"{where}: echo rows need a string 'word'")
-
-    def select(self, taskset, limit, seed=1234):
-        n = len(taskset.data.rows(self.name, "test"))
-        return prefix_of_permutation(n, n if limit is None else min(limit, n), f"{seed}:echo")
-
-    def build(self, taskset, selection):
-        from lm_eval.api.instance import Instance
-
-        out = []
-        for i in selection:
-            doc = taskset.data.rows(self.name, "test")[i]
-            prompt = f"Say {doc['word']}:"
-            inst = [Instance("loglikelihood", doc, (prompt, f" {doc['word']}"), idx=0, metadata=("echo", i, 1))]
-            out.append(Sample(self.name, f"echo/{i}", i, None, doc, prompt, inst,
-                              request_hash("echo", inst, doc["word"])))
-        return out
-
-    def run(self, lm, taskset, chunk):
-        res = lm.loglikelihood([s.instances[0] for s in chunk], disable_tqdm=True)
-        return [{"task": self.name, "doc_id": s.doc_id, "prompt_hash": s.prompt_hash, "ll": float(ll),
-                 "metrics": {"acc": float(greedy)}} for s, (ll, greedy) in zip(chunk, res)]
-
-
 @pytest.fixture
 def echo(tmp_path):
     tasks.register(EchoTask())

@@ -28,8 +28,8 @@ import sysconfig
 import time
 from pathlib import Path
 
-from dpep_parity.checks.cli import prog
 from dpep_parity.checks.targets.sglang import releases
+from dpep_parity.progname import prog
 
 MARKER = "dpep-sglang-env.json"
 # What the import probe loads: every sglang module the target's session, batch and units import first.

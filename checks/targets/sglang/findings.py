@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 
 from dpep_parity.checks import units
-from dpep_parity.fixtures.specs import FIXTURES, sparse_layers
+from dpep_parity.fixtures.families import sparse_layers
+from dpep_parity.fixtures.specs import FIXTURES
 
 F1 = "sglang F1 (docs/findings.md): dense layer built as a MoE block, its weights dropped (B09)"
 F1_ARCHS = ("qwen2_moe", "qwen3_moe")     # the model files F1 is in (GLM builds its dense layers dense)

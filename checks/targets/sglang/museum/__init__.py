@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from dpep_parity.checks.cli import prog
+from dpep_parity.progname import prog
 
 CAUGHT, MISS, PENDING = "caught", "miss", "pending"
 
