@@ -1,4 +1,4 @@
-"""A plain checkout's way to the suite's pytest plugin (checks/pytest_plugin.py: options, hypothesis profiles,
+"""A plain checkout's way to the suite's pytest plugin (checks/suite/pytest_plugin.py: options, hypothesis profiles,
 usage errors, the `gpu` marker, the report header, reports/property-suite.json).
 
 Installed with pip, pytest loads the plugin through its `pytest11` entry point (`dpep`) before any conftest,
@@ -7,5 +7,5 @@ has imported it yet: a checkout that was not installed, PYTEST_DISABLE_PLUGIN_AU
 """
 import sys
 
-if "dpep_parity.checks.pytest_plugin" not in sys.modules:
-    pytest_plugins = ["dpep_parity.checks.pytest_plugin"]
+if "dpep_parity.checks.suite.pytest_plugin" not in sys.modules:
+    pytest_plugins = ["dpep_parity.checks.suite.pytest_plugin"]

@@ -12,8 +12,8 @@ PACKAGES = ("checks", "evals", "fixtures", "property_tests")
 
 
 def own_module(name: str) -> str:
-    """`checks.mutants` -> `dpep_parity.checks.mutants` (and so for the other three packages), so that the
-    short names of targets and modules users type ('checks.mutants:B14') load this package's modules, once,
+    """`checks.catalog.mutants` -> `dpep_parity.checks.catalog.mutants` (and so for the other three packages), so that the
+    short names of targets and modules users type ('checks.catalog.mutants:B14') load this package's modules, once,
     whether it is installed or a checkout; any other name is returned as it is."""
     if name.split(".", 1)[0] in PACKAGES:
         return f"{__name__}.{name}"

@@ -1,7 +1,7 @@
-"""The program name a tool shows: `dpep SUB` while `dpep` (checks.cli) runs it, else its `python -m` form."""
+"""The program name a tool shows: `dpep SUB` while `dpep` (checks.tools.cli) runs it, else its `python -m` form."""
 from __future__ import annotations
 
-INVOKED: str | None = None      # "dpep SUB" while `dpep` (checks.cli) runs a subcommand
+INVOKED: str | None = None      # "dpep SUB" while `dpep` (checks.tools.cli) runs a subcommand
 
 
 def prog(default: str, dispatcher: bool = False) -> str:

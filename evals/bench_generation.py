@@ -29,7 +29,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dpep_parity.checks.topology import Layout
+    from dpep_parity.checks.core.topology import Layout
     from dpep_parity.evals.data import load_data
     from dpep_parity.evals.engines import open_lm
     from dpep_parity.evals.matrix import Config, resolve_model

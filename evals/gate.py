@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpep_parity.checks.numerics import FACTOR
+from dpep_parity.checks.core.numerics import FACTOR
 from dpep_parity.evals import stats, tasks
 from dpep_parity.evals.matrix import GateSettings
 from dpep_parity.evals.tasks.base import PairingError  # noqa: F401  (re-exported: the gate raises it)
@@ -106,7 +106,7 @@ def token_errors(p: Paired, truth: dict[str, dict]) -> tuple[list[np.ndarray], l
 
 
 def error_test(p: Paired, truth: dict[str, dict], gate: GateSettings) -> dict:
-    """The tolerance model (checks.numerics) on served outputs: per reference token, the error of its
+    """The tolerance model (checks.core.numerics) on served outputs: per reference token, the error of its
     log-probability against the float64 truth, for the configuration (e_c) and for the baseline in the same
     dtype (e_b). A correct layout computes the same function in another order, so its errors have the size of
     the baseline's; the tolerance model allows FACTOR (2) times. H0: mean e_c <= FACTOR * mean e_b, tested on

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.core.topology import Layout
 
 Key = tuple   # a request: (prompt length, its last 32 prompt tokens, its first 8 forced tokens)
 
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
 
-    from dpep_parity.checks.topology import validate
+    from dpep_parity.checks.core.topology import validate
     from dpep_parity.evals import tasks
     from dpep_parity.evals.data import load_data
     from dpep_parity.evals.samples import prepare

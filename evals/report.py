@@ -45,9 +45,9 @@ def _summarize(obj) -> dict:
 
 
 def _failed_properties(obj: dict) -> dict:
-    """The property suite's failure records (checks.records, in reports/property-suite.json) counted per failed
+    """The property suite's failure records (checks.core.records, in reports/property-suite.json) counted per failed
     property: read from the records, not from their text; a record of an unknown version is named, not read."""
-    from dpep_parity.checks.records import FailureRecord, RecordError
+    from dpep_parity.checks.core.records import FailureRecord, RecordError
     counts: dict[str, int] = {}
     unread = 0
     for failure in obj.get("failures") or ():
@@ -163,7 +163,7 @@ def markdown(rep: dict) -> str:
                          f"{t['cfg_tokens']} / {t['base_tokens']} ({t['size']}) | {t['worst_doc'] or '-'} | "
                          f"{_p(t['p'])} ({_p(t.get('p_holm'))}) | {e['beyond']} |")
             L += ["", ("Error: |log-probability of each reference token - the float64 truth run's|, the truth "
-                       "being the baseline served in float64. The tolerance model (checks/numerics.py) lets a "
+                       "being the baseline served in float64. The tolerance model (checks/core/numerics.py) lets a "
                        "layout err at most its factor times what the baseline errs in the same dtype: pooled, "
                        f"{tested[0]['error']['method']} of the documents' summed excess; in the tail, "
                        f"{tested[0]['error']['tail']['method']}: of the largest errors of both runs (the "

@@ -152,7 +152,7 @@ def served_drift_rows(configs) -> list[dict]:
     and two requests in flight, compared bitwise (prompt logits, teacher-forced log-probabilities). A target
     that promises batch and placement invariance must show none ("broken" otherwise); for any other the drift
     is information. A configuration whose probe raises is reported with the error."""
-    from dpep_parity.checks.invariance import claims
+    from dpep_parity.checks.judge.invariance import claims
     from dpep_parity.checks.serving.invariance import served_drift
     from dpep_parity.checks.targets.protocol import resolve
 

@@ -1,14 +1,14 @@
 """The precision property's search and pooled verdict, shared by test_precision.py (tiny fixtures) and
-test_gpu.py (production shapes): hypothesis draws the examples, every one is judged by all of checks.parity's
-checks, and their precision evidence is pooled into one verdict at the end of the search (checks/numerics.py,
+test_gpu.py (production shapes): hypothesis draws the examples, every one is judged by all of checks.judge.parity's
+checks, and their precision evidence is pooled into one verdict at the end of the search (checks/core/numerics.py,
 "precision"; docs/precision.md). Hypothesis has no per-run reduction over examples, hence this wrapper."""
 from __future__ import annotations
 
 from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
-from dpep_parity.checks.numerics import PrecisionPool
-from dpep_parity.checks.records import FailedCheck, FailureRecord, PropertyFailure, expect
+from dpep_parity.checks.core.numerics import PrecisionPool
+from dpep_parity.checks.core.records import FailedCheck, FailureRecord, PropertyFailure, expect
 from dpep_parity.property_tests import search
 
 HALF = ("bfloat16", "float16")
@@ -16,7 +16,7 @@ HALF = ("bfloat16", "float16")
 
 def pooled_precision(unit: str, strategy, run, known, replay, max_examples: int | None = None) -> None:
     """The search over `strategy`'s examples, each run by `run(ex)` (with the layout reference) and judged by
-    every check of checks.parity; then the pooled precision test over all of them (shared with the GPU tier).
+    every check of checks.judge.parity; then the pooled precision test over all of them (shared with the GPU tier).
     `known(res, ex)`: a written-up known failure or None; `replay(ex)`: the example's replay command."""
     pool = PrecisionPool()
 

@@ -9,7 +9,7 @@
   rejected and does not count. Hypothesis then keeps drawing, but stops when under 1 % of draws are valid, and a
   property could pass green on two real examples. `floor` makes such a property fail, naming the rejection
   reasons and their counts. (Hypothesis's filter_too_much health check cannot: it is raised only early in
-  generation, as an error, without our reasons; checks/profiles.py suppresses it in favour of this.)
+  generation, as an error, without our reasons; checks/suite/profiles.py suppresses it in favour of this.)
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collections import Counter
 
 from hypothesis import event, note, reject, target
 
-from dpep_parity.checks.batches import padding_mode
+from dpep_parity.checks.core.batches import padding_mode
 
 REAL = "judged"
 _tally: Counter = Counter()

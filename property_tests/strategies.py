@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from dpep_parity.checks import units
-from dpep_parity.checks.batches import Batch, Request
-from dpep_parity.checks.topology import Layout, layouts_for
+from dpep_parity.checks.core.batches import Batch, Request
+from dpep_parity.checks.core.topology import Layout, layouts_for
 from dpep_parity.fixtures.families import fixture_config
 from dpep_parity.fixtures.specs import FIXTURES
 
@@ -64,11 +64,11 @@ def examples(draw, fixtures, world_sizes, dtypes, unit: str) -> Example:
     return Example(fixture, layout, batch, dtype, layer)
 
 
-# ------------------------------------------------------------------ invariance pairs (checks/invariance.py)
+# ------------------------------------------------------------------ invariance pairs (checks/judge/invariance.py)
 @st.composite
 def probe_requests(draw):
     """The compared request: extending (after a cached prefix or not) or decoding, shrinking to one token."""
-    from dpep_parity.checks.invariance import PROBE
+    from dpep_parity.checks.judge.invariance import PROBE
     if draw(st.booleans()):
         return Request(draw(st.integers(1, 6)), 1, PROBE)
     return Request(draw(st.integers(0, 4)), draw(st.integers(1, 5)), PROBE)
@@ -85,13 +85,13 @@ def _with(reqs: tuple[Request, ...], probe: Request, at: int) -> tuple[Request, 
 
 @st.composite
 def invariance_pairs(draw, fixtures, world_sizes, dtypes, unit: str, kind: str):
-    """Two contexts of one request (checks.invariance.Pair), shrinking toward the request alone beside the
+    """Two contexts of one request (checks.judge.invariance.Pair), shrinking toward the request alone beside the
     smallest difference. batch: the same DP rank and the same other ranks, other requests co-batched with it
     (none, others, in another order: each context draws its own); placement: the same requests beside it on
     its rank, another DP rank, the other ranks idle, extending or decoding (SUM_LEN and MAX_LEN) as each
     context draws them. Requests other than the compared one keep their contents (streams) only where both
     contexts share them."""
-    from dpep_parity.checks.invariance import Context, Pair
+    from dpep_parity.checks.judge.invariance import Context, Pair
     fixture = draw(st.sampled_from(sorted(fixtures)))
     lays = [lay for lay in layouts_for(fixture, world_sizes, with_dp_lm_head=units.get(unit).whole_model)
             if kind != "placement" or lay.dp > 1]
@@ -128,10 +128,10 @@ def invariance_pairs(draw, fixtures, world_sizes, dtypes, unit: str, kind: str):
 @st.composite
 def layout_pairs(draw, fixtures, world_sizes, dtypes, unit: str, groups_of):
     """The same request (and what is co-batched with it on DP rank 0; other DP ranks idle) under two layouts
-    the target claims equal (`groups_of(config)`: checks.invariance.layout_groups), shrinking to the request
+    the target claims equal (`groups_of(config)`: checks.judge.invariance.layout_groups), shrinking to the request
     alone under the first two layouts of a group."""
-    from dpep_parity.checks.invariance import Context, Pair
-    from dpep_parity.checks.topology import valid_layouts
+    from dpep_parity.checks.core.topology import valid_layouts
+    from dpep_parity.checks.judge.invariance import Context, Pair
     options = []
     for f in sorted(fixtures):
         cfg = fixture_config(f)

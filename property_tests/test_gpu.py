@@ -20,13 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpep_parity.checks.batches import Batch
-from dpep_parity.checks.batches import Request as R
-from dpep_parity.checks.bench_gpu import evict_if_needed
-from dpep_parity.checks.numerics import PrecisionPool
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.records import expect
-from dpep_parity.checks.topology import Layout, valid_layouts
+from dpep_parity.checks.core.batches import Batch
+from dpep_parity.checks.core.batches import Request as R
+from dpep_parity.checks.core.numerics import PrecisionPool
+from dpep_parity.checks.core.records import expect
+from dpep_parity.checks.core.topology import Layout, valid_layouts
+from dpep_parity.checks.judge.parity import run_example
+from dpep_parity.checks.tools.bench_gpu import evict_if_needed
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.large import DRYRUN_FIXTURES, LARGE_FIXTURES
 from dpep_parity.property_tests import search
@@ -161,7 +161,7 @@ def test_large_mutant_killed(gpu, mutant, unit, fixture, layout, batch):
     ex = Example(fixture, layout, batch, dtype, 0)
     spec = run(gpu, unit, ex, "spec")
     assert spec.ok, explain(spec, unit, ex, "spec")
-    mres = run(gpu, unit, ex, f"checks.mutants:{mutant}")
+    mres = run(gpu, unit, ex, f"checks.catalog.mutants:{mutant}")
     assert not mres.ok, f"mutant {mutant} survived:\n{mres.report()}"
     assert "parity" in {c.prop for c in mres.failures()}, mres.report()
     v = mres.verdict
@@ -212,7 +212,7 @@ def test_large_precision_mutant_killed(gpu, mutant):
     the pooled precision test, and the precision mutant fails one of them."""
     dtype = _halves()[0]
     verdicts = {}
-    for target in ("spec", f"checks.mutants:{mutant}"):
+    for target in ("spec", f"checks.catalog.mutants:{mutant}"):
         pool, failed = PrecisionPool(), []
         for layout, batch in PRECISION_PINS:
             if layout.tp not in gpu.world_sizes:

@@ -1,6 +1,6 @@
 """Invariance: one request's outputs, bitwise, whatever is batched with it (batch), wherever the DP controller
 places it (placement) and, where the target claims it, under other layouts (layout), for every unit
-(checks/invariance.py). Metamorphic: no float64 oracle, the request's
+(checks/judge/invariance.py). Metamorphic: no float64 oracle, the request's
 own outputs in one context are the other context's truth.
 
 A target that promises an invariance (`invariances`, docs/targets.md) fails on the first pair that breaks it,
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from dpep_parity.checks import invariance
+from dpep_parity.checks.judge import invariance
 from dpep_parity.checks.targets.protocol import resolve, skip_reason
 from dpep_parity.checks.units import UNITS
 from dpep_parity.fixtures.build import fixture_path

@@ -15,11 +15,11 @@ from dataclasses import replace
 import pytest
 
 from dpep_parity.checks import units
-from dpep_parity.checks.batches import MAX_LEN, SUM_LEN, Batch, padding_mode
-from dpep_parity.checks.batches import Request as R
-from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.core.batches import MAX_LEN, SUM_LEN, Batch, padding_mode
+from dpep_parity.checks.core.batches import Request as R
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.targets.protocol import UNITS, known_failure, resolve
-from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.specs import DEFAULT_SUITE, FIXTURES
 from dpep_parity.property_tests.strategies import Example, layouts_for

@@ -1,6 +1,6 @@
 """Layer parity: every layout computes what one device computes, on random and empty batches.
 
-Each example runs one unit of the target across a world and is judged by checks.parity: output parity
+Each example runs one unit of the target across a world and is judged by checks.judge.parity: output parity
 under the tolerance model, exact row ownership / shapes / dtypes, expert dispatch counts, the padding-mode
 rule, greedy tokens (model), and collective discipline from the per-rank records. A failure prints the
 shrunk example, the failed checks and a one-line replay command. The @example pins are the triggers of
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpep_parity.checks.batches import Batch
-from dpep_parity.checks.batches import Request as R
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.records import expect
+from dpep_parity.checks.core.batches import Batch
+from dpep_parity.checks.core.batches import Request as R
+from dpep_parity.checks.core.records import expect
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.targets.protocol import known_failure, resolve, skip_reason
-from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.property_tests import search
 from dpep_parity.property_tests.strategies import Example, examples

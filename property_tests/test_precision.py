@@ -3,7 +3,7 @@
 A precision fault (an intermediate kept in the activation dtype where the single-device model keeps float32:
 RMSNorm's statistics, RoPE's angles) moves bfloat16 outputs by about as much as a legitimate reordering, so
 no single row's bound sees it. This property pools the evidence over every token of every example of a run
-(checks/numerics.py, "precision"; docs/precision.md): per token, the log of the target's error energy
+(checks/core/numerics.py, "precision"; docs/precision.md): per token, the log of the target's error energy
 against the float64 truth over the largest error of the legitimate same-dtype computations of the same rows
 (the reference, its decoy-company variants, and the spec at the same layout, which rounds the TP partials
 the way the layout legitimately does), tested against 0 over the run.
@@ -11,7 +11,7 @@ the way the layout legitimately does), tested against 0 over the run.
 Examples are drawn for evidence, not for corner cases (test_parity.py's job): every DP rank busy, several
 requests of several tokens each, and prefixes that are either short or long (64-200 positions: RoPE
 faults grow with the position, and the catalog's other strategies stay below 11). Every example is still
-judged by all of checks.parity's checks; the pooled test runs once the search is over.
+judged by all of checks.judge.parity's checks; the pooled test runs once the search is over.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import pytest
 from hypothesis import strategies as st
 
 from dpep_parity.checks import units
-from dpep_parity.checks.batches import Batch, Request
-from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.core.batches import Batch, Request
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.targets.protocol import known_failure, resolve, skip_reason
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.specs import FIXTURES

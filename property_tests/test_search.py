@@ -1,4 +1,4 @@
-"""The search layer (property_tests/search.py, checks/profiles.py): the floor on real examples, the targeting
+"""The search layer (property_tests/search.py, checks/suite/profiles.py): the floor on real examples, the targeting
 signal, and one settings layer where DPEP_MAX_EXAMPLES always wins."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpep_parity.checks import profiles
-from dpep_parity.checks.batches import Batch
-from dpep_parity.checks.batches import Request as R
-from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.core.batches import Batch
+from dpep_parity.checks.core.batches import Request as R
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.suite import profiles
 from dpep_parity.property_tests import search
 from dpep_parity.property_tests.strategies import Example
 

@@ -5,7 +5,7 @@ DP ranks going idle and coming back, persistent buffers reused. Faults that live
 not cleared, metadata captured for the first batch shape and replayed for the next, memory assumed zero)
 pass every single-forward example. This hypothesis state machine builds a target once per run (its own
 build, not shared with other tests) and runs a sequence of forwards on it, each judged against one device
-like any parity example, with poisoned allocations (checks.poison: fresh float memory holds NaN), so a read
+like any parity example, with poisoned allocations (checks.harness.poison: fresh float memory holds NaN), so a read
 of memory the target never wrote fails at once instead of when the allocator happens to return garbage.
 Besides new batches, a rule rebalances the last batch: the same requests moved to other DP ranks (same
 total, other offsets), where metadata captured per batch size goes stale. Hypothesis shrinks a failure to
@@ -26,9 +26,9 @@ from hypothesis.stateful import (
 )
 
 from dpep_parity.checks import units
-from dpep_parity.checks.batches import Batch
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.records import expect
+from dpep_parity.checks.core.batches import Batch
+from dpep_parity.checks.core.records import expect
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.targets.protocol import UNITS, known_failure, resolve, skip_reason
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.families import fixture_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import find, settings
 
-from dpep_parity.checks.batches import DECODE, IDLE, MAX_LEN, padding_mode
+from dpep_parity.checks.core.batches import DECODE, IDLE, MAX_LEN, padding_mode
 from dpep_parity.fixtures.specs import FIXTURES
 from dpep_parity.property_tests.strategies import batches, examples
 

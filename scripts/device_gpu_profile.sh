@@ -24,7 +24,7 @@ if has smoke; then
   stamp smoke
   ok=1
   for unit in moe decoder; do
-    lim 240 $PY -m checks.replay --device cuda --unit $unit --fixture qwen3-moe --layout tp4-dp2-ep2 \
+    lim 240 $PY -m checks.tools.replay --device cuda --unit $unit --fixture qwen3-moe --layout tp4-dp2-ep2 \
       --dtype bfloat16 --layer 1 --batch 'dp0:2+3,4+1 dp1:idle seed=3' >> "$S" 2>&1 || ok=0
   done
   if [ $ok = 0 ]; then stamp "smoke FAILED: stopping"; exit 1; fi
@@ -40,11 +40,11 @@ if has tests; then
   lim 330 $PY -m pytest property_tests/test_gpu.py -p no:xdist --device cuda --hypothesis-profile gpu \
     -q -s -p no:cacheprovider > "$OUT/tier.log" 2>&1 &
   tier=$!
-  lim 330 $PY -m checks.bench_gpu tolerance --json "$OUT/tolerance.json" > "$OUT/tolerance.md" 2>&1 &
+  lim 330 $PY -m checks.tools.bench_gpu tolerance --json "$OUT/tolerance.json" > "$OUT/tolerance.md" 2>&1 &
   tol=$!
   wait $tiny; echo "tiny exit $?" >> "$S"; tail -n 3 "$OUT/tiny.log" >> "$S"
   stamp gemm
-  lim 120 $PY -m checks.bench_gpu gemm > "$OUT/gemm.md" 2>&1; echo "gemm exit $?" >> "$S"
+  lim 120 $PY -m checks.tools.bench_gpu gemm > "$OUT/gemm.md" 2>&1; echo "gemm exit $?" >> "$S"
   wait $tol; echo "tolerance exit $?" >> "$S"; stamp "tolerance done"
   wait $tier; echo "tier exit $?" >> "$S"; tail -n 3 "$OUT/tier.log" >> "$S"
   stamp "tests done"
@@ -53,7 +53,7 @@ fi
 if has bench; then   # alone on the GPU: its timings are the figures
   lim 200 $PY -m fixtures build --large >> "$S" 2>&1
   stamp bench
-  lim 300 $PY -m checks.bench_gpu bench --examples 16 --json "$OUT/bench.json" > "$OUT/bench.md" 2>&1
+  lim 300 $PY -m checks.tools.bench_gpu bench --examples 16 --json "$OUT/bench.json" > "$OUT/bench.md" 2>&1
   echo "bench exit $?" >> "$S"
 fi
 stamp done

@@ -12,13 +12,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>
 stamp "spec (drift) and the batch-invariant spec, in parallel"
 lim 240 $PY -m pytest "${ARGS[@]}" -n 4 > "$OUT/spec.log" 2>&1 &
 a=$!
-lim 240 $PY -m pytest "${ARGS[@]}" -n 4 --target checks.variants:BATCH_INVARIANT > "$OUT/batch-invariant.log" 2>&1
+lim 240 $PY -m pytest "${ARGS[@]}" -n 4 --target checks.catalog.variants:BATCH_INVARIANT > "$OUT/batch-invariant.log" 2>&1
 echo "batch-invariant exit $?" >> "$S"; tail -n 2 "$OUT/batch-invariant.log" >> "$S"
 wait $a; echo "spec exit $?" >> "$S"; tail -n 2 "$OUT/spec.log" >> "$S"
 stamp "invariance mutants, in parallel (each stops at its first failure)"
 pids=()
 for m in I01 I02 I03 I04 I05; do
-  lim 200 $PY -m pytest "${ARGS[@]}" -n 2 -x --target checks.invariance_mutants:$m > "$OUT/$m.log" 2>&1 &
+  lim 200 $PY -m pytest "${ARGS[@]}" -n 2 -x --target checks.catalog.invariance_mutants:$m > "$OUT/$m.log" 2>&1 &
   pids+=($!)
 done
 i=0

@@ -12,9 +12,9 @@ LIMIT="${LIMIT:-500}"
 TESTS="${TESTS:-test_moe_parity or test_decoder_parity or test_model_parity}"   # the searches, not the pins
 WORKERS="${WORKERS:-3}"
 pids=()
-TARGETS=(spec checks.variants:EXPERTS_REVERSED checks.variants:EXPERTS_FP32_ACCUMULATE
-         checks.variants:ALL_REDUCE_BY_GATHER checks.variants:REDUCE_SCATTER_BY_ALL_REDUCE
-         checks.variants:BATCH_INVARIANT)
+TARGETS=(spec checks.catalog.variants:EXPERTS_REVERSED checks.catalog.variants:EXPERTS_FP32_ACCUMULATE
+         checks.catalog.variants:ALL_REDUCE_BY_GATHER checks.catalog.variants:REDUCE_SCATTER_BY_ALL_REDUCE
+         checks.catalog.variants:BATCH_INVARIANT)
 $PY -c "from dpep_parity.fixtures.build import fixture_path; from dpep_parity.fixtures.specs import DEFAULT_SUITE; [fixture_path(f) for f in DEFAULT_SUITE]"
 for t in "${TARGETS[@]}"; do
   lim "$LIMIT" $PY -m pytest property_tests/test_parity.py -k "$TESTS" \

@@ -7,9 +7,9 @@ the number of near-tie rows excused. Used for the figures in docs/property-suite
 import time
 
 from dpep_parity.checks import units
-from dpep_parity.checks.batches import Batch, Request
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.core.batches import Batch, Request
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.units import UNITS
 from dpep_parity.fixtures.build import fixture_path
 

@@ -18,12 +18,12 @@ from typing import Callable
 
 import torch
 
-from dpep_parity.checks.batches import DECODE, EXTEND, IDLE, MAX_LEN, Batch, Request, padding_mode
+from dpep_parity.checks.core.batches import DECODE, EXTEND, IDLE, MAX_LEN, Batch, Request, padding_mode
+from dpep_parity.checks.core.topology import Layout, validate
+from dpep_parity.checks.harness.unitjob import UnitJob, load_weights
+from dpep_parity.checks.harness.world import get_world
 from dpep_parity.checks.serving.scheduler import Plan, Scheduler, ServeRequest
 from dpep_parity.checks.targets.protocol import Serving, resolve
-from dpep_parity.checks.topology import Layout, validate
-from dpep_parity.checks.unitjob import UnitJob, load_weights
-from dpep_parity.checks.world import get_world
 
 STAT_KEYS = ("steps", "extend_steps", "decode_steps", "mixed_steps", "idle_rank_steps", "max_len_steps",
              "tokens")

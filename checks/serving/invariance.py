@@ -1,9 +1,9 @@
 """The serving engine's invariance: the same prompts served under other arrival orders, DP dispatch policies and
 concurrency limits give the same prompt logits and the same teacher-forced log-probabilities (decode steps), bit
-for bit, for a target that promises batch and placement invariance (checks/invariance.py); for one that does not,
+for bit, for a target that promises batch and placement invariance (checks/judge/invariance.py); for one that does not,
 the drift is measured.
 
-    python -m checks.serving.invariance --target checks.variants:BATCH_INVARIANT --layout tp2-dp2-ep2
+    python -m checks.serving.invariance --target checks.catalog.variants:BATCH_INVARIANT --layout tp2-dp2-ep2
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def served_drift(model_dir: str, layout, target: str, dtype: str = "float32", n:
                  seed: int = 0) -> list[ServedDrift]:
     """The drift of each VARIANTS schedule against the default one. `layout`: anything with tp, dp and ep (a
     Layout, a sign-off configuration)."""
-    from dpep_parity.checks.unitjob import load_weights
+    from dpep_parity.checks.harness.unitjob import load_weights
     config, _ = load_weights(model_dir)
     prompts, conts = prompts_for(config["vocab_size"], n, seed)
     ref = _serve(model_dir, layout, target, dtype, prompts, conts)
@@ -77,9 +77,9 @@ def served_drift(model_dir: str, layout, target: str, dtype: str = "float32", n:
 
 
 def main(argv=None) -> int:
-    from dpep_parity.checks.invariance import claims
+    from dpep_parity.checks.core.topology import Layout
+    from dpep_parity.checks.judge.invariance import claims
     from dpep_parity.checks.targets.protocol import resolve
-    from dpep_parity.checks.topology import Layout
     from dpep_parity.fixtures.build import fixture_path
     from dpep_parity.progname import prog
     ap = argparse.ArgumentParser(prog=prog("python -m checks.serving.invariance"), description=__doc__.split("\n\n")[0])

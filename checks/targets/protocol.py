@@ -19,14 +19,14 @@ first divergent layer), "expert_counts" ({expert: rows dispatched}, this rank's 
 sparse layers the unit ran: with it a near-tie row is excused only where the target's routing really
 differs from one device's, and a different choice away from a tie fails), "routing_weights" ({layer: [rows,
 top_k]} in the order of the sorted ids) with "router_logits" ({layer: [rows, experts]}): the router-weights check
-(checks.router_weights; `Route` builds all three). See docs/targets.md.
+(checks.judge.router_weights; `Route` builds all three). See docs/targets.md.
 
 Optional: `sessions = True`: the target keeps KV caches across the steps of a serving session. The serving
 engine (checks.serving.engine) reads it: such a target gets `Step.serving` (see `Serving`); any other gets
 `serving=None` and every request's tokens from its start each step, and recomputes the prefixes.
 
 Debug mode: under `Step.poison` / `BuildEnv.poison` (the stateful property) the suite makes torch.empty and
-its kin return NaN-filled float tensors in the rank processes (checks.poison): a target that reads memory it
+its kin return NaN-filled float tensors in the rank processes (checks.harness.poison): a target that reads memory it
 never wrote fails. A target that allocates outside torch's Python entry points should fill fresh buffers
 with NaN itself when the flag is set.
 
@@ -47,7 +47,7 @@ names them with the reason) and skips an example of one with that reason.
 Optional: `invariances: frozenset[str]` (of "batch", "placement", "layout") and `invariant_layouts` (groups of
 layout names, or a function of the model's config returning them): what the target promises bitwise, whatever is
 co-batched with a request, wherever it is placed, and across the layouts of each group. The invariance properties
-(property_tests/test_invariance.py, checks/invariance.py) fail a broken promise and measure the drift of a target
+(property_tests/test_invariance.py, checks/judge/invariance.py) fail a broken promise and measure the drift of a target
 that promises nothing.
 
 Optional: `known_failure(result, fixture, layer) -> str | None`: a diagnosed bug of the target (written up
@@ -65,8 +65,8 @@ from typing import Any
 import torch
 
 from dpep_parity import own_module
-from dpep_parity.checks.batches import MAX_LEN, Batch, Request
-from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.core.batches import MAX_LEN, Batch, Request
+from dpep_parity.checks.core.topology import Layout
 from dpep_parity.checks.units import UNITS  # noqa: F401  (re-exported: the registry is checks/units/)
 from dpep_parity.registry import Registry
 
@@ -134,7 +134,7 @@ class Step:
     unit: str = "model"
     serving: Serving | None = None      # set by the serving engine: see Serving
     poison: bool = False                # debug mode (the stateful property): torch.empty & co. return NaN-filled
-                                        # float tensors (checks.poison); a target allocating elsewhere (C++,
+                                        # float tensors (checks.harness.poison); a target allocating elsewhere (C++,
                                         # its own pools) should fill fresh buffers with NaN itself when set
 
     @property

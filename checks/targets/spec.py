@@ -1,6 +1,6 @@
 """The `spec` target: SGLang's DP-attention / TP / EP algorithm for Qwen2-MoE / Qwen3-MoE, written with
 plain torch.distributed. It is the executable specification the property suite checks, runs on CPU, and
-is the body the bug catalog (checks.mutants) mutates: every step is a small overridable method.
+is the body the bug catalog (checks.catalog.mutants) mutates: every step is a small overridable method.
 
 Mirrors (sglang 0.5.x): `layers/dp_attention.py` (_dp_gather_via_all_reduce / _via_all_gather,
 dp_scatter, dp_reduce_scatter_tensor, DpPaddingMode), the layer communicator's
@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from dpep_parity.checks.batches import SUM_LEN, ceil_align, padding_mode
+from dpep_parity.checks.core.batches import SUM_LEN, ceil_align, padding_mode
 from dpep_parity.checks.targets.protocol import UNITS, BuildEnv, Route, Step, to_cpu
 
 
@@ -425,7 +425,7 @@ class SpecModel:
         return out.to(x.dtype)
 
     # the expert outputs' running sum: the activation dtype as transformers' eager loop (None), or float32 as
-    # fused MoE kernels accumulate (a legitimate variant: checks/variants.py)
+    # fused MoE kernels accumulate (a legitimate variant: checks/catalog/variants.py)
     expert_accumulator_dtype: torch.dtype | None = None
 
     def combine(self, routed, shared):
@@ -634,7 +634,7 @@ class SpecTarget:
 def run_model(m: SpecModel, step: Step) -> dict:
     """Prefix forward (fills the KV cache; ranks without prefix are idle in it), then the extend forward.
     In a serving session the prefix comes from the session's cache instead (serve_step)."""
-    from dpep_parity.checks.batches import Batch, Request
+    from dpep_parity.checks.core.batches import Batch, Request
     if step.serving is not None:
         return serve_step(m, step)
     kv: dict = {}

@@ -81,7 +81,7 @@ class SleepInSetup:
     def __call__(self, ctx):
         import time
 
-        from dpep_parity.checks.recorder import setup_phase
+        from dpep_parity.checks.harness.recorder import setup_phase
         with setup_phase("a slow import"):
             time.sleep(self.setup)
         time.sleep(self.after)

@@ -19,14 +19,14 @@ class PidAndSum:
 
 @dataclass(frozen=True)
 class ReduceOnRole:
-    """Build the groups of `layout` (checks.unitjob.make_groups) and all-reduce once on the group of `role`;
+    """Build the groups of `layout` (checks.harness.unitjob.make_groups) and all-reduce once on the group of `role`;
     rank `idle` skips it (a hang whose diagnosis must name the group's every role)."""
     layout: object
     role: str
     idle: int = -1
 
     def __call__(self, ctx):
-        from dpep_parity.checks.unitjob import make_groups
+        from dpep_parity.checks.harness.unitjob import make_groups
         groups = make_groups(ctx, self.layout)
         if ctx.rank != self.idle:
             dist.all_reduce(torch.ones(2), group=getattr(groups, self.role))
@@ -55,10 +55,10 @@ class SGLangLoaderWrites:
     dtype: str = "float32"
 
     def __call__(self, ctx):
-        from dpep_parity.checks.batches import DTYPES
+        from dpep_parity.checks.core.batches import DTYPES
+        from dpep_parity.checks.harness.unitjob import load_weights, make_groups
         from dpep_parity.checks.targets.protocol import BuildEnv
         from dpep_parity.checks.targets.sglang import session
-        from dpep_parity.checks.unitjob import load_weights, make_groups
         config, weights = load_weights(self.model_dir)
         groups = make_groups(ctx, self.layout)
         handed = {name: t.clone() for name, t in weights.items()}

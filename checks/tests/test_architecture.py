@@ -70,7 +70,7 @@ def test_the_cycle_finder_finds_a_planted_circle_and_passes_a_chain():
 
 def test_the_static_graph_holds_every_module_of_the_checkout(graph):
     assert len(graph.modules) == len(_module_paths()) > 150
-    assert {"dpep_parity.checks.world", "dpep_parity.evals.gate", "dpep_parity.fixtures.build",
+    assert {"dpep_parity.checks.harness.world", "dpep_parity.evals.gate", "dpep_parity.fixtures.build",
             "dpep_parity.property_tests.test_parity", "dpep_parity.registry"} <= graph.modules
 
 

@@ -1,5 +1,5 @@
 """Bad input, every command: the exit code of bad input (pytest 4, the other commands 2), a message naming the
-problem, and no rank process started (every rank process that starts writes to DPEP_RANK_LOG: checks.world).
+problem, and no rank process started (every rank process that starts writes to DPEP_RANK_LOG: checks.harness.world).
 Each case runs as its own process, as a user would type it. Positive control: a valid replay starts its
 ranks and they are logged, so an empty log means something."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ def signoff(matrix: str, data: str | None = None) -> list[str]:
 
 
 PYTEST = [PY, "-m", "pytest", "property_tests", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-REPLAY = [PY, "-m", "checks.replay", "--unit", "moe", "--fixture", "qwen3-moe", "--dtype", "float32"]
+REPLAY = [PY, "-m", "checks.tools.replay", "--unit", "moe", "--fixture", "qwen3-moe", "--dtype", "float32"]
 CASES = {
     "pytest-world-size-0": (PYTEST + ["--world-sizes", "0"], {}, 4, "--world-sizes: '0' is not a positive integer"),
     "pytest-world-size-3": (PYTEST + ["--world-sizes", "3"], {}, 4, "no valid layout of 3 ranks"),
@@ -47,10 +47,10 @@ CASES = {
     "replay-layout": (REPLAY + ["--layout", "tp4-dp3-ep1", "--batch", "dp0:0+3"], {}, 2, "tp4-dp3-ep1"),
     "replay-too-long": (REPLAY + ["--layout", "tp1", "--batch", "dp0:300+1"], {}, 2,
                         "exceeds qwen3-moe's max_position_embeddings"),
-    "invariance-pair": ([PY, "-m", "checks.invariance", "pair", "--unit", "moe", "--fixture", "qwen3-moe",
+    "invariance-pair": ([PY, "-m", "checks.judge.invariance", "pair", "--unit", "moe", "--fixture", "qwen3-moe",
                          "--layout", "tp2-dp2-ep1", "--batch", "dp0:0+2@900 dp1:idle seed=1",
                          "--against", "dp0:0+2 dp1:idle seed=1"], {}, 2, "no request with stream 900"),
-    "killtable-mutant": ([PY, "-m", "checks.killtable", "--only", "B99"], {}, 2, "unknown mutant ids ['B99']"),
+    "killtable-mutant": ([PY, "-m", "checks.tools.killtable", "--only", "B99"], {}, 2, "unknown mutant ids ['B99']"),
 }
 
 

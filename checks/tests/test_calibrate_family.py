@@ -3,10 +3,10 @@ the 1-ulp bias moves every element by one ulp and stays within the max-error bou
 target's other answers (units, skips) alone. Control: the unwrapped target passes the same example."""
 from __future__ import annotations
 
-from dpep_parity.checks import calibrate_family
-from dpep_parity.checks.batches import parse_batch
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.core.batches import parse_batch
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.judge.parity import run_example
+from dpep_parity.checks.tools import calibrate_family
 from dpep_parity.fixtures.build import fixture_path
 
 
@@ -14,8 +14,8 @@ def test_planted_faults_on_one_example():
     model, batch = str(fixture_path("qwen3-moe")), parse_batch("dp0:0+24,3+20 seed=4")
     args = ("moe", model, Layout(1, 1, 1), batch, "bfloat16", 0)
     good = run_example("spec", *args)
-    doubled = run_example("checks.calibrate_family:DOUBLED_SPEC", *args)
-    biased = run_example("checks.calibrate_family:BIASED_SPEC", *args)
+    doubled = run_example("checks.tools.calibrate_family:DOUBLED_SPEC", *args)
+    biased = run_example("checks.tools.calibrate_family:BIASED_SPEC", *args)
     assert good.ok, good.report()
     assert not doubled.ok and abs(doubled.verdict.ratio - 2) < 0.01, doubled.report()
     assert biased.verdict.worst_excess < 1.5 and biased.verdict.bias_z > 0, biased.report()

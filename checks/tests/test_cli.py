@@ -1,4 +1,4 @@
-"""The `dpep` command (checks/cli.py): its help is fast and imports nothing heavy, an unknown subcommand is a usage
+"""The `dpep` command (checks/tools/cli.py): its help is fast and imports nothing heavy, an unknown subcommand is a usage
 error, and a subcommand gets its arguments exactly as typed and gives back its exit code."""
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 
 from dpep_parity import own_module
-from dpep_parity.checks import cli
+from dpep_parity.checks.tools import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "numpy", "hypothesis", "transformers", "lm_eval")
 
 
 def dpep(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "checks.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "checks.tools.cli", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
 
 
 def test_help_lists_every_subcommand_fast_and_imports_nothing_heavy():
-    probe = ("import sys, time\nfrom checks.cli import main\nt0 = time.perf_counter()\n"
+    probe = ("import sys, time\nfrom checks.tools.cli import main\nt0 = time.perf_counter()\n"
              "try:\n    main(['--help'])\nexcept SystemExit as e:\n    code = e.code\n"
              f"print('RESULT', code, time.perf_counter() - t0, [m for m in {HEAVY!r} if m in sys.modules])\n")
     p = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -48,9 +48,9 @@ def test_subcommand_help_is_the_modules_own_under_the_name_typed():
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("usage: dpep killtable"), p.stdout
     assert "--control" in p.stdout and "The kill table" in p.stdout
-    direct = subprocess.run([sys.executable, "-m", "checks.killtable", "--help"], cwd=ROOT, capture_output=True,
+    direct = subprocess.run([sys.executable, "-m", "checks.tools.killtable", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
-    assert direct.stdout.startswith("usage: python -m checks.killtable"), direct.stdout
+    assert direct.stdout.startswith("usage: python -m checks.tools.killtable"), direct.stdout
     assert "--control" in direct.stdout and "The kill table" in direct.stdout
 
 
@@ -75,4 +75,4 @@ def test_every_subcommand_module_exists_and_the_script_is_declared():
     missing = [m for m, _, _ in cli.COMMANDS.values() if importlib.util.find_spec(own_module(m)) is None]
     assert not missing
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["dpep"] == "dpep_parity.checks.cli:main"
+    assert project["scripts"]["dpep"] == "dpep_parity.checks.tools.cli:main"

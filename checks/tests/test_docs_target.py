@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dpep_parity.checks.batches import Batch, Request
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.topology import Layout
-from dpep_parity.checks.world import close_all
+from dpep_parity.checks.core.batches import Batch, Request
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.harness.world import close_all
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.fixtures.build import fixture_path
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "targets.md"

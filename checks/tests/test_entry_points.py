@@ -5,7 +5,7 @@ engine kind, written into a temporary directory as an installed distribution (`d
 
 - the outside target runs the outside unit on the outside fixture, on worlds the outside world kind gives,
   and passes (`dpep replay`: the judge, the oracle and the world are this repository's);
-- the outside mutant (the MoE output reduced twice) fails the same replay through `checks.mutants:X99`;
+- the outside mutant (the MoE output reduced twice) fails the same replay through `checks.catalog.mutants:X99`;
 - the sign-off runs the outside task on the outside fixture, the candidate on the outside engine kind;
 - controls: without the distribution on the path none of the names exists (each lookup's error lists the
   known ones), and an entry point whose object is of the wrong kind is refused, naming its distribution.
@@ -54,7 +54,7 @@ PLUGIN = {
     "mutant.py": """
         import torch.distributed as dist
 
-        from dpep_parity.checks.mutants import Mutant
+        from dpep_parity.checks.catalog.mutants import Mutant
         from dpep_parity.checks.targets.spec import SpecModel
 
 
@@ -77,7 +77,7 @@ PLUGIN = {
     "world.py": """
         import os
 
-        from dpep_parity.checks.world import World, WorldKind
+        from dpep_parity.checks.harness.world import World, WorldKind
 
 
         class MarkedWorlds(WorldKind):
@@ -209,7 +209,7 @@ def outside(tmp_path_factory):
 
 
 def dpep(args, env, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpep_parity.checks.cli", *args], env=env, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "dpep_parity.checks.tools.cli", *args], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -226,7 +226,7 @@ def test_an_outside_target_runs_an_outside_unit_on_an_outside_fixture_and_world(
 
 def test_an_outside_mutant_is_caught_through_the_catalog(outside):
     tmp, env = outside
-    r = dpep([*REPLAY, "--target", "checks.mutants:X99", "--unit", "moe"], env, tmp)
+    r = dpep([*REPLAY, "--target", "checks.catalog.mutants:X99", "--unit", "moe"], env, tmp)
     assert r.returncode == 1 and "FAIL" in r.stdout, (r.stdout + r.stderr)[-3000:]
 
 
@@ -247,9 +247,10 @@ def test_the_sign_off_runs_an_outside_task_on_an_outside_engine(outside):
 def test_without_the_distribution_none_of_its_names_exists(tmp_path):
     """Control: the same lookups in a process without dpep_outside fail, each naming the known ones."""
     code = textwrap.dedent("""
-        from dpep_parity.checks import units, mutants
+        from dpep_parity.checks import units
+        from dpep_parity.checks.catalog import mutants
         from dpep_parity.checks.targets.protocol import TARGETS
-        from dpep_parity.checks.world import WORLD_KINDS
+        from dpep_parity.checks.harness.world import WORLD_KINDS
         from dpep_parity.evals import tasks
         from dpep_parity.evals.engines import ENGINES
         from dpep_parity.fixtures.specs import FIXTURES

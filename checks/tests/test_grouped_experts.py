@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpep_parity.checks.batches import Batch, Request
-from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.catalog.variants import ExpertsGrouped
+from dpep_parity.checks.core.batches import Batch, Request
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.targets.spec import SpecTarget, _grouped_mm
-from dpep_parity.checks.topology import Layout
-from dpep_parity.checks.variants import ExpertsGrouped
 from dpep_parity.fixtures.build import fixture_path
 
 pytestmark = pytest.mark.skipif(_grouped_mm() is None, reason="this torch has no grouped_mm")

@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from dpep_parity.checks.batches import parse_batch
-from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.core.batches import parse_batch
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.targets import protocol
-from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
 
 BATCH = parse_batch("dp0:0+3 seed=1")
@@ -39,7 +39,7 @@ def test_the_same_error_raised_by_the_system_is_a_crash_it_must_answer_for(targe
 
 
 def test_replay_exits_3_on_a_harness_error(capsys):
-    from dpep_parity.checks import replay
+    from dpep_parity.checks.tools import replay
     rc = replay.main(["--target", "checks.tests.glue_target:GLUE", "--unit", "moe", "--fixture", "qwen3-moe",
                       "--layout", "tp1-dp1-ep1", "--layer", "1", "--batch", "dp0:0+3 seed=1"])
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The invariance properties' controls (checks/invariance.py, property_tests/test_invariance.py): every invariance
+"""The invariance properties' controls (checks/judge/invariance.py, property_tests/test_invariance.py): every invariance
 mutant stays inside the tolerance model (parity passes) and breaks its promise (the property kills it, on a
 pinned pair and in the ci profile's search); the batch-invariant spec passes the same pairs; the plain spec, which
 promises nothing, drifts (why the property exists)."""
@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from dpep_parity.checks import invariance
-from dpep_parity.checks.batches import Request, parse_batch
-from dpep_parity.checks.invariance import Context, Pair
-from dpep_parity.checks.invariance_mutants import CATALOG
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.catalog.invariance_mutants import CATALOG
+from dpep_parity.checks.core.batches import Request, parse_batch
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.judge import invariance
+from dpep_parity.checks.judge.invariance import Context, Pair
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.fixtures.build import fixture_path
 
 # per mutant: the smallest pair its property shrank to (unit, fixture, layer, layout [and B's layout], context A,
@@ -29,7 +29,7 @@ PAIRS = {
             "dp0:4+1@900 dp1:3+1@0,3+1@1,3+1@2 seed=1"),
     "I05": ("moe", "qwen2-moe-noshared", 1, "tp1 tp2-dp2-ep2", "dp0:0+2@900 seed=0", "dp0:0+2@900 dp1:idle seed=0"),
 }
-INVARIANT = "checks.variants:BATCH_INVARIANT"
+INVARIANT = "checks.catalog.variants:BATCH_INVARIANT"
 
 
 def _pair(m: str) -> Pair:
@@ -48,12 +48,12 @@ def test_every_invariance_mutant_has_a_pinned_pair():
 def test_invariance_mutant_breaks_its_promise_inside_the_tolerance_model(m):
     pair = _pair(m)
     model = str(fixture_path(pair.fixture))
-    bad = invariance.measure(pair, f"checks.invariance_mutants:{m}", model)
+    bad = invariance.measure(pair, f"checks.catalog.invariance_mutants:{m}", model)
     assert not bad.unjudged and bad.changed, bad.report()              # negative control: the property fails
     good = invariance.measure(pair, INVARIANT, model)
     assert good.equal, good.report()                                   # positive control: the same pair passes
     for ctx in (pair.a, pair.b):                                       # and parity cannot see the mutant
-        res = run_example(f"checks.invariance_mutants:{m}", pair.unit, model, ctx.layout, ctx.batch, "float32",
+        res = run_example(f"checks.catalog.invariance_mutants:{m}", pair.unit, model, ctx.layout, ctx.batch, "float32",
                           pair.layer)
         assert res.ok, res.report()
 
@@ -73,7 +73,7 @@ def test_the_search_kills_each_invariance_mutant_in_the_ci_profile(m):
     """The property itself (hypothesis, ci profile) finds a breaking pair, on the kinds the mutant names."""
     kinds = " or ".join(CATALOG[m].kills)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "property_tests/test_invariance.py", "--target", f"checks.invariance_mutants:{m}", "--world-sizes", "1,2",
+           "property_tests/test_invariance.py", "--target", f"checks.catalog.invariance_mutants:{m}", "--world-sizes", "1,2",
            "--dtypes", "float32", "-k", kinds]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=root,

@@ -1,5 +1,5 @@
 """The kill table counts only kills: a failed property of the suite, read from the failure's typed record
-(checks.records), never from its text. Errors, timeouts and kills by a property the mutant does not declare
+(checks.core.records), never from its text. Errors, timeouts and kills by a property the mutant does not declare
 have their own verdicts; outside targets are accepted."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from dpep_parity.checks.killtable import ROOT, classify, junit_failures, properties_of
-from dpep_parity.checks.mutants import CATALOG
-from dpep_parity.checks.records import FailedCheck, FailureRecord, RecordError
+from dpep_parity.checks.catalog.mutants import CATALOG
+from dpep_parity.checks.core.records import FailedCheck, FailureRecord, RecordError
+from dpep_parity.checks.tools.killtable import ROOT, classify, junit_failures, properties_of
 
 PARITY_FAIL = ("AssertionError: moe tp4-dp2-ep2 float32 batch[dp0:0+3 seed=7]\n"
                "E   [parity] 8 of 8 rows beyond the bound\nE   [routing] rank 2: layer 1 routed to experts [1, 3]")
@@ -75,7 +75,7 @@ def test_junit_failures_tell_failures_from_errors_and_carry_records(tmp_path):
 
 
 def test_every_catalog_mutant_declares_known_properties():
-    from dpep_parity.checks.killtable import PROPERTIES
+    from dpep_parity.checks.tools.killtable import PROPERTIES
     for m in CATALOG.values():
         assert m.kills and set(m.kills) <= set(PROPERTIES), m.id
 
@@ -84,7 +84,7 @@ def test_outside_targets_end_to_end(tmp_path):
     """A mutant named as an outside target is killed by its declared property, a target that does not import
     is an ERROR (not a kill), and the exit code is 1 because of it (no --check needed); the spec control passes."""
     out = tmp_path / "kt"
-    p = subprocess.run([sys.executable, "-m", "checks.killtable", "--target", "checks.mutants:B14",
+    p = subprocess.run([sys.executable, "-m", "checks.tools.killtable", "--target", "checks.catalog.mutants:B14",
                         "--target", "no_such_pkg.mod:X", "--out", str(out), "--",
                         "-k", "test_moe_pinned", "--world-sizes", "4", "--dtypes", "float32"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -92,7 +92,7 @@ def test_outside_targets_end_to_end(tmp_path):
     t = json.loads((out / "kill-table.json").read_text())
     by = {m["id"]: m for m in t["mutants"]}
     assert t["control_passed"], t
-    assert by["checks.mutants:B14"]["verdict"] == "killed" and "parity" in by["checks.mutants:B14"]["properties"]
-    assert by["checks.mutants:B14"]["expected"] == list(CATALOG["B14"].kills)
+    assert by["checks.catalog.mutants:B14"]["verdict"] == "killed" and "parity" in by["checks.catalog.mutants:B14"]["properties"]
+    assert by["checks.catalog.mutants:B14"]["expected"] == list(CATALOG["B14"].kills)
     assert by["no_such_pkg.mod:X"]["verdict"] == "ERROR" and "usage error" in by["no_such_pkg.mod:X"]["message"]
-    assert set(by) == {"checks.mutants:B14", "no_such_pkg.mod:X"}     # --target replaces the catalog
+    assert set(by) == {"checks.catalog.mutants:B14", "no_such_pkg.mod:X"}     # --target replaces the catalog

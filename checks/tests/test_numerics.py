@@ -1,8 +1,8 @@
 """The tolerance model, measured at a realistic size: honest reorderings pass, real bugs fail, and say why.
 
 X [512, 2048] @ W [2048, 512] (a reduction length of real hidden sizes); truth in float64 of the
-dtype-rounded inputs; reference = one matmul in the dtype. The split-K system is checks.calibrate.split_k,
-the measurement `python -m checks.calibrate` prints as a table.
+dtype-rounded inputs; reference = one matmul in the dtype. The split-K system is checks.tools.calibrate.split_k,
+the measurement `python -m checks.tools.calibrate` prints as a table.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpep_parity.checks import calibrate
-from dpep_parity.checks.numerics import compare, near_ties, ulp
+from dpep_parity.checks.core.numerics import compare, near_ties, ulp
+from dpep_parity.checks.tools import calibrate
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SIZE = (512, 2048, 512)

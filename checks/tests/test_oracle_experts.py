@@ -1,4 +1,4 @@
-"""The oracle's float64 experts (checks.oracle_experts: `dpep_padded_bmm`, registered with transformers) against
+"""The oracle's float64 experts (checks.oracle.oracle_experts: `dpep_padded_bmm`, registered with transformers) against
 transformers' own eager experts loop on the same module: same rows up to float64 rounding, for every fixture,
 on empty, one-token and many-token inputs, with uneven and empty expert groups; the choice of the reference's
 experts implementation; and the decoy variants' experts (`<inner>+dtype_sum`: a token's expert outputs added in
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpep_parity.checks import oracle_experts
-from dpep_parity.checks.batches import Batch, Request
-from dpep_parity.checks.numerics import PrecisionPool, precision_sample
-from dpep_parity.checks.reference import Oracle, load_model
+from dpep_parity.checks.core.batches import Batch, Request
+from dpep_parity.checks.core.numerics import PrecisionPool, precision_sample
+from dpep_parity.checks.oracle import oracle_experts
+from dpep_parity.checks.oracle.reference import Oracle, load_model
 from dpep_parity.fixtures import families
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.families import sparse_layers

@@ -1,13 +1,13 @@
-"""Negative controls for the exact checks of checks.parity that no mutant reaches first in the kill
+"""Negative controls for the exact checks of checks.judge.parity that no mutant reaches first in the kill
 table: greedy tokens and collective discipline from the records."""
 from __future__ import annotations
 
 import torch
 
-from dpep_parity.checks.parity import collective_discipline, greedy_check
-from dpep_parity.checks.recorder import Record
-from dpep_parity.checks.topology import Layout
-from dpep_parity.checks.world import RankResult
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.harness.recorder import Record
+from dpep_parity.checks.harness.world import RankResult
+from dpep_parity.checks.judge.parity import collective_discipline, greedy_check
 
 
 def _logits():
@@ -53,9 +53,9 @@ def test_collective_discipline_flags_mismatch_and_skip():
 def test_routing_flip_away_from_a_tie_is_judged_not_excused():
     """A target that reports other experts than one device on a decided row fails the routing check and
     keeps that row under the parity check; only a flip on a near-tie row excuses it."""
-    from dpep_parity.checks.batches import Batch, Request
-    from dpep_parity.checks.parity import routing_analysis
-    from dpep_parity.checks.reference import UnitRef
+    from dpep_parity.checks.core.batches import Batch, Request
+    from dpep_parity.checks.judge.parity import routing_analysis
+    from dpep_parity.checks.oracle.reference import UnitRef
     probs = torch.tensor([[0.50, 0.30, 0.15, 0.05],       # row 0: top-2 {0, 1}, decided
                           [0.40, 0.30, 0.30 - 1e-12, 0.0]],  # row 1: experts 1 and 2 tie for place 2
                          dtype=torch.float64)
@@ -80,11 +80,11 @@ def test_routing_flip_away_from_a_tie_is_judged_not_excused():
 def test_a_parity_failure_with_routing_away_from_ties_names_routing_as_the_likely_cause():
     """B03 (heads duplicated) routes decided rows elsewhere: the rows stay judged (no '|sut|/|truth| = nan' pass
     on excused rows), parity fails, and its message points at the routing difference."""
-    from dpep_parity.checks.batches import Batch, Request
-    from dpep_parity.checks.parity import run_example
+    from dpep_parity.checks.core.batches import Batch, Request
+    from dpep_parity.checks.judge.parity import run_example
     from dpep_parity.fixtures.build import fixture_path
     batch = Batch(((Request(4, 1), Request(2, 1), Request(5, 1)), (Request(3, 1),)), 5)
-    res = run_example("checks.mutants:B03", "moe", str(fixture_path("qwen3-moe")), Layout(4, 2, 2), batch,
+    res = run_example("checks.catalog.mutants:B03", "moe", str(fixture_path("qwen3-moe")), Layout(4, 2, 2), batch,
                       "float32", 1)
     failed = {c.prop: c.message for c in res.failures()}
     assert {"routing", "parity"} <= set(failed), res.report()
@@ -95,7 +95,7 @@ def test_a_parity_failure_with_routing_away_from_ties_names_routing_as_the_likel
 def test_padding_rule_holds_a_target_to_its_own_tie_policy():
     from types import SimpleNamespace
 
-    from dpep_parity.checks.batches import MAX_LEN, SUM_LEN, padding_mode, parse_batch
+    from dpep_parity.checks.core.batches import MAX_LEN, SUM_LEN, padding_mode, parse_batch
     from dpep_parity.checks.targets.protocol import padding_ties
     tie = parse_batch("dp0:2+1,3+1,4+1 dp1:idle seed=23")        # decode 3 rows + idle: 3 * 2 == 3 * 2
     assert padding_mode(tie) == MAX_LEN and padding_mode(tie, SUM_LEN) == SUM_LEN
@@ -118,8 +118,8 @@ def test_sglang_releases_before_0_5_10_break_padding_ties_toward_sum_len():
 
 
 def test_padding_rule_at_a_tie_passes_a_declared_policy_and_fails_an_undeclared_or_unkept_one():
-    from dpep_parity.checks.batches import parse_batch
-    from dpep_parity.checks.parity import run_example
+    from dpep_parity.checks.core.batches import parse_batch
+    from dpep_parity.checks.judge.parity import run_example
     from dpep_parity.fixtures.build import fixture_path
     model, tie = str(fixture_path("qwen3-moe")), parse_batch("dp0:2+1,3+1,4+1 dp1:idle seed=23")
 

@@ -1,4 +1,4 @@
-"""The suite's pytest plugin (checks/pytest_plugin.py) outside this repository: from an empty directory, with
+"""The suite's pytest plugin (checks/suite/pytest_plugin.py) outside this repository: from an empty directory, with
 none of pyproject.toml's pytest settings in force, `-p dpep --pyargs dpep_parity.property_tests.test_parity` runs a pinned
 example on the spec target; bad options are still a usage error; and inside the repository the root conftest
 loads the plugin exactly once, whether or not pytest already has it.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = "dpep_parity.checks.pytest_plugin"
+MODULE = "dpep_parity.checks.suite.pytest_plugin"
 ONE_PIN = "moe_pinned and noshared"   # one pinned example, two ranks: seconds
 
 
@@ -80,7 +80,7 @@ def test_the_repository_loads_the_plugin_once(autoload, site):
 
 
 def test_property_searches_get_a_timeout_scaled_to_their_example_count():
-    from dpep_parity.checks.pytest_plugin import scaled_timeout
+    from dpep_parity.checks.suite.pytest_plugin import scaled_timeout
     assert scaled_timeout(900, 12) == 900 and scaled_timeout(900, 4) == 900      # ci and smaller: as configured
     assert scaled_timeout(900, 500) == 900 * 500 / 12                            # fuzz: 37,500 s
     assert scaled_timeout(0, 500) == 0                                           # no timeout stays none

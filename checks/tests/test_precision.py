@@ -1,9 +1,9 @@
-"""The precision test (checks.numerics: precision_sample, PrecisionPool) and its property's controls.
+"""The precision test (checks.core.numerics: precision_sample, PrecisionPool) and its property's controls.
 
 Negative controls: an RMSNorm with its statistics in bfloat16 (P01's habit) against the float32-statistics
 reference, and the catalog's precision mutants through the property. Positive controls: a legitimate norm
 that rounds differently (the weight applied in float32, Gemma's habit: one rounding fewer), and the spec's
-legitimate variants (checks/variants.py) through the property.
+legitimate variants (checks/catalog/variants.py) through the property.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpep_parity.checks.mutants import NormInActivationDtype, RopeAnglesInActivationDtype
-from dpep_parity.checks.numerics import BIAS_MIN_ROWS, PRECISION_Z, PrecisionPool, precision_sample
+from dpep_parity.checks.catalog.mutants import NormInActivationDtype, RopeAnglesInActivationDtype
+from dpep_parity.checks.core.numerics import BIAS_MIN_ROWS, PRECISION_Z, PrecisionPool, precision_sample
 from dpep_parity.checks.targets.spec import SpecModel, rms_norm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ def run_property(target: str, unit: str) -> subprocess.CompletedProcess:
                           timeout=600, env=env)
 
 
-@pytest.mark.parametrize("target", ["checks.mutants:P01", "checks.mutants:P04"])
+@pytest.mark.parametrize("target", ["checks.catalog.mutants:P01", "checks.catalog.mutants:P04"])
 def test_property_kills_precision_mutants(target):
     # attention and decoder: since the oracle runs an example's requests in one forward and inputs are drawn
     # per request (2026-12-03), P01 in the decoder alone reads +0.075 at z = 5.2 over these 12 examples (below
@@ -124,6 +124,6 @@ def test_property_kills_precision_mutants(target):
 @pytest.mark.parametrize("variant", ["EXPERTS_REVERSED", "EXPERTS_FP32_ACCUMULATE", "ALL_REDUCE_BY_GATHER",
                                      "REDUCE_SCATTER_BY_ALL_REDUCE"])
 def test_property_passes_legitimate_variants(variant):
-    r = run_property(f"checks.variants:{variant}", "decoder or test_moe")
+    r = run_property(f"checks.catalog.variants:{variant}", "decoder or test_moe")
     assert r.returncode == 0, r.stdout[-3000:]
     assert "2 passed" in r.stdout, r.stdout[-3000:]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dpep_parity.checks import units
-from dpep_parity.checks.batches import Batch, Request, seq_inputs, seq_token_ids
-from dpep_parity.checks.reference import Oracle, _float64_throughout
+from dpep_parity.checks.core.batches import Batch, Request, seq_inputs, seq_token_ids
+from dpep_parity.checks.oracle.reference import Oracle, _float64_throughout
 from dpep_parity.fixtures import families
 from dpep_parity.fixtures.build import fixture_path
 from dpep_parity.fixtures.families import sparse_layers

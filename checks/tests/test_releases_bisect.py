@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dpep_parity.checks import bisect
 from dpep_parity.checks.targets.sglang import envs, museum, releases
+from dpep_parity.checks.tools import bisect
 
 R = releases.Release
 
@@ -125,7 +125,7 @@ def test_bisect_refuses_a_range_whose_adapter_misses_the_unit(capsys, monkeypatc
     monkeypatch.setattr(envs, "install", lambda *a, **k: pytest.fail("an environment would have been built"))
     monkeypatch.setattr(bisect, "run_release", lambda *a, **k: pytest.fail("a release would have run"))
     with pytest.raises(SystemExit) as e:
-        bisect.main(["--releases", "0.5.21..0.5.23", "--replay", "python -m checks.replay --target sglang "
+        bisect.main(["--releases", "0.5.21..0.5.23", "--replay", "python -m checks.tools.replay --target sglang "
                      "--unit moe --fixture qwen3-moe --layout tp1-dp1-ep1 --batch 'dp0:0+3 seed=1'"])
     assert e.value.code == 2
     err = capsys.readouterr().err
@@ -198,9 +198,9 @@ def test_every_fixed_exhibit_names_reachable_releases_on_both_sides():
 
 
 def _result(layout: str, batch: str, *checks):
-    from dpep_parity.checks.batches import parse_batch
-    from dpep_parity.checks.parity import Check, ParityResult
-    from dpep_parity.checks.topology import Layout
+    from dpep_parity.checks.core.batches import parse_batch
+    from dpep_parity.checks.core.topology import Layout
+    from dpep_parity.checks.judge.parity import Check, ParityResult
     res = ParityResult("moe", Layout.parse(layout), parse_batch(batch), "float32")
     res.checks = [Check(p, False, m) for p, m in checks]
     return res

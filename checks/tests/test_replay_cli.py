@@ -1,4 +1,4 @@
-"""`python -m checks.replay` refuses a bad example as a usage error (exit 2) that names the problem, before any
+"""`python -m checks.tools.replay` refuses a bad example as a usage error (exit 2) that names the problem, before any
 rank starts; a malformed --batch names its bad part. Positive control: the replay line a failing property
 prints (property_tests/strategies.py) parses and has no problem."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import argparse
 
 import pytest
 
-from dpep_parity.checks import replay
-from dpep_parity.checks.batches import Request, parse_batch
-from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.core.batches import Request, parse_batch
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.tools import replay
 
 BASE = ["--unit", "moe", "--fixture", "qwen3-moe", "--layout", "tp2-dp2-ep2", "--batch", "dp0:0+5 dp1:idle seed=7"]
 

@@ -1,4 +1,4 @@
-"""The router-weights check (checks/router_weights.py): a float32 router rounded once to the dtype passes, in
+"""The router-weights check (checks/judge/router_weights.py): a float32 router rounded once to the dtype passes, in
 whatever order it sums; a router that rounds its softmax or its renormalisation in bfloat16 fails. End to end:
 catalog P02 / P05 fail [router] at their pinned trigger while the spec and every legitimate variant pass it."""
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpep_parity.checks import router_weights
-from dpep_parity.checks.batches import Batch
-from dpep_parity.checks.batches import Request as R
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.topology import Layout
-from dpep_parity.checks.world import RankResult
+from dpep_parity.checks.core.batches import Batch
+from dpep_parity.checks.core.batches import Request as R
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.harness.world import RankResult
+from dpep_parity.checks.judge import router_weights
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.fixtures.build import fixture_path
 
 QWEN3 = {"model_type": "qwen3_moe", "norm_topk_prob": True}
@@ -106,10 +106,10 @@ def test_malformed_or_non_finite_weights_fail_and_unjudgeable_reports_are_not_ju
 PIN = ("qwen3-moe", Layout(2, 2, 2), Batch(((R(4, 1), R(2, 1), R(5, 1)), (R(3, 1),)), 5), "bfloat16", 1)
 
 
-@pytest.mark.parametrize("target", ["spec", "checks.variants:EXPERTS_REVERSED", "checks.variants:EXPERTS_FP32_ACCUMULATE",
-                                    "checks.variants:ALL_REDUCE_BY_GATHER",
-                                    "checks.variants:REDUCE_SCATTER_BY_ALL_REDUCE", "checks.variants:BATCH_INVARIANT",
-                                    "checks.mutants:P02", "checks.mutants:P05"])
+@pytest.mark.parametrize("target", ["spec", "checks.catalog.variants:EXPERTS_REVERSED", "checks.catalog.variants:EXPERTS_FP32_ACCUMULATE",
+                                    "checks.catalog.variants:ALL_REDUCE_BY_GATHER",
+                                    "checks.catalog.variants:REDUCE_SCATTER_BY_ALL_REDUCE", "checks.catalog.variants:BATCH_INVARIANT",
+                                    "checks.catalog.mutants:P02", "checks.catalog.mutants:P05"])
 @pytest.mark.parametrize("unit", ["moe", "model"])
 def test_the_catalog_router_habits_fail_router_and_the_legitimate_variants_pass(target, unit):
     fixture, layout, batch, dtype, layer = PIN

@@ -1,5 +1,5 @@
 """Controls of the stateful property (property_tests/test_stateful.py) and of poisoned allocations
-(checks.poison): a leak between forwards and a read of memory never written are caught, deterministically;
+(checks.harness.poison): a leak between forwards and a read of memory never written are caught, deterministically;
 correct code passes."""
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import torch
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from dpep_parity.checks import profiles
-from dpep_parity.checks.batches import Batch
-from dpep_parity.checks.batches import Request as R
-from dpep_parity.checks.parity import run_example
-from dpep_parity.checks.poison import poisoned
-from dpep_parity.checks.topology import Layout
+from dpep_parity.checks.core.batches import Batch
+from dpep_parity.checks.core.batches import Request as R
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.harness.poison import poisoned
+from dpep_parity.checks.judge.parity import run_example
+from dpep_parity.checks.suite import profiles
+from dpep_parity.checks.suite.suite_options import SuiteOptions
 from dpep_parity.fixtures.build import fixture_path
-from dpep_parity.property_tests.conftest import SuiteOptions
 from dpep_parity.property_tests.test_stateful import ForwardSequence
 
 NO_SHRINK = [Phase.explicit, Phase.generate]
@@ -51,7 +51,7 @@ def test_sequences_catch_metadata_captured_per_batch_size():
     """Negative control: M09 replays the DP offsets of the first batch of a size for a later batch of that
     size spread differently; every single forward of a fresh build is right, a rebalance step is not."""
     with pytest.raises(AssertionError, match=r"forward \d of one build"):
-        sequences("checks.mutants:M09", 12)
+        sequences("checks.catalog.mutants:M09", 12)
 
 
 def test_poison_makes_a_read_of_unwritten_memory_fail_every_time():
@@ -59,7 +59,7 @@ def test_poison_makes_a_read_of_unwritten_memory_fail_every_time():
     what the allocator hands back; poisoned, the first forward fails with non-finite values, every time."""
     ex = (str(fixture_path("qwen2-moe-shared")), Layout(2, 2, 1), Batch(((R(0, 3),), (R(1, 2),)), 4), "float32")
     for i in range(2):
-        res = run_example("checks.mutants:M10", "moe", *ex, build_id=f"poison-{i}", poison=True)
+        res = run_example("checks.catalog.mutants:M10", "moe", *ex, build_id=f"poison-{i}", poison=True)
         assert not res.ok and "non-finite" in res.report(), res.report()
     spec = run_example("spec", "moe", *ex, build_id="poison-spec", poison=True)
     assert spec.ok, spec.report()                                  # positive control: correct code never reads it

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpep_parity.checks import numerics
+from dpep_parity.checks.core import numerics
 from dpep_parity.checks.serving.engine import ServingEngine
 from dpep_parity.checks.serving.scheduler import Scheduler, ServeRequest
 from dpep_parity.fixtures.build import fixture_path
@@ -186,7 +186,7 @@ def test_a_target_without_sessions_is_served_whole_prefixes_and_generates_the_sa
 def test_decode_only_fault_is_caught_served_and_missed_by_full_forwards(model):
     path, hf = model
     want = [_greedy(hf[torch.float64], p, n) for p, n in zip(PROMPTS, NEW)]
-    engine = _served(path, "checks.mutants:M07")
+    engine = _served(path, "checks.catalog.mutants:M07")
     assert engine.generate(PROMPTS, NEW) != want
     assert engine.stats["idle_rank_steps"] > 0
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from dpep_parity.checks.core.topology import Layout
 from dpep_parity.checks.serving.invariance import VARIANTS, served_drift
-from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
 
 LAYOUT = Layout.parse("tp2-dp2-ep2")
@@ -19,7 +19,7 @@ def _drift(target):
 
 
 def test_the_batch_invariant_spec_serves_the_same_bits_every_way():
-    drifts = _drift("checks.variants:BATCH_INVARIANT")
+    drifts = _drift("checks.catalog.variants:BATCH_INVARIANT")
     assert sorted(drifts) == sorted(VARIANTS)
     assert all(d.changed == 0 for d in drifts.values()), [d.line() for d in drifts.values()]
 
@@ -27,5 +27,5 @@ def test_the_batch_invariant_spec_serves_the_same_bits_every_way():
 @pytest.mark.parametrize("mutant,variant", [("I02", "one running request per DP rank"),
                                             ("I03", "reversed arrival")])
 def test_a_broken_promise_shows_through_serving(mutant, variant):
-    d = _drift(f"checks.invariance_mutants:{mutant}")[variant]
+    d = _drift(f"checks.catalog.invariance_mutants:{mutant}")[variant]
     assert d.changed > 0 and 0 < d.max_abs < 1e-4, d.line()     # a few float32 ulps: parity cannot see it

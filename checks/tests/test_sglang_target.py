@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from dpep_parity.checks.batches import parse_batch
-from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.core.batches import parse_batch
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.targets.sglang import unavailable_reason
-from dpep_parity.checks.topology import Layout
 from dpep_parity.fixtures.build import fixture_path
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
@@ -108,7 +108,7 @@ def test_an_idle_rank_skipping_the_gathers_all_reduce_is_diagnosed_as_a_hang():
     names the rank that skipped, long before the deadline; unmutated SGLang passes the same idle-rank example.
     The model unit reaches the same hang but the skipping rank then runs outside any recorded collective, so it
     ends at the deadline undiagnosed: a recorded limit (docs/sglang.md), not asserted here (300 s of CI). The world
-    that replaces the hung one starts with SGLang imported (checks.world, `_rank_context`)."""
+    that replaces the hung one starts with SGLang imported (checks.harness.world, `_rank_context`)."""
     import time
     model, batch = str(fixture_path("qwen3-moe")), parse_batch("dp0:0+3 dp1:idle seed=6")
     good = run_example("sglang", "moe", model, Layout(2, 2, 2), batch, "float32", 1, deadline_s=300)
@@ -122,9 +122,9 @@ def test_an_idle_rank_skipping_the_gathers_all_reduce_is_diagnosed_as_a_hang():
     assert took < 60, f"diagnosed only after {took:.0f} s"
     # Recovery: the world that replaces the hung one is forked from the process that imported SGLang (the
     # target's preload_modules), so its ranks start with SGLang's model registry loaded; the next example passes.
+    from dpep_parity.checks.harness.world import get_world
     from dpep_parity.checks.targets.sglang import SGLangTarget
     from dpep_parity.checks.tests.jobs import LoadedModules
-    from dpep_parity.checks.world import get_world
     world = get_world(2, "cpu", 300, preload=SGLangTarget.preload_modules)
     loaded = [r.value[0] for r in world.run(LoadedModules(("sglang.srt.models.registry",)))]
     assert world.forked and loaded == [[True], [True]], loaded
@@ -178,7 +178,7 @@ def test_findings_of_the_gpt_oss_and_minimax_files_reproduce():
 
 def _shipped(*args):
     """A replay with the target's workarounds off: SGLang as shipped."""
-    cmd = [sys.executable, "-m", "dpep_parity.checks.replay", "--target", "sglang", *args]
+    cmd = [sys.executable, "-m", "dpep_parity.checks.tools.replay", "--target", "sglang", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "DPEP_SGLANG_WORKAROUNDS": "off"})
     return out.returncode, out.stdout + out.stderr
@@ -210,8 +210,8 @@ def test_finding_f10_gpt_oss_loader_zeroes_its_input_and_builds_do_not_share_it(
     0's does not; with EP (MoE TP 1) no rank's does. The suite's side: the target hands SGLang's loader a fresh
     copy of each tensor (session._build_model), so an EP build after a TP build on the same pooled rank still
     loads the bias and passes (before that, the EP build loaded zeros: |sut|/|truth| ~0.997, by test order)."""
+    from dpep_parity.checks.harness.world import get_world
     from dpep_parity.checks.tests.jobs_extra import SGLangLoaderWrites
-    from dpep_parity.checks.world import get_world
     model = str(fixture_path("gpt-oss"))
     world = get_world(2, "cpu", 300)
     tp = [r.value for r in world.run(SGLangLoaderWrites(model, Layout.parse("tp2")))]

@@ -1,4 +1,4 @@
-"""Bad property-suite options are usage errors before anything runs (checks.suite_options): each case names
+"""Bad property-suite options are usage errors before anything runs (checks.suite.suite_options): each case names
 its problem; end to end, pytest exits 4 (usage error) instead of passing green with everything skipped or
 failing like a parity bug. Positive control: the default options, and other valid ones, have no problem."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dpep_parity.checks.suite_options import problems
-from dpep_parity.checks.world import WorldSettings
+from dpep_parity.checks.harness.world import WorldSettings
+from dpep_parity.checks.suite.suite_options import problems
 
 ROOT = Path(__file__).resolve().parents[2]
 OK = dict(target="spec", world_sizes="1,2,4", dtypes="float32,bfloat16", models="", deadline=60.0)
@@ -39,7 +39,7 @@ def test_every_broken_option_is_reported_at_once():
 
 
 @pytest.mark.parametrize("opts", [OK, {**OK, "world_sizes": "1,2,4,8", "dtypes": "float16",
-                                       "models": "qwen3-moe,qwen2-moe-shared", "target": "checks.mutants:B14"}])
+                                       "models": "qwen3-moe,qwen2-moe-shared", "target": "checks.catalog.mutants:B14"}])
 def test_valid_options_have_no_problem(opts):
     assert problems(**opts) == []
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpep_parity.checks.topology import InvalidLayout, Layout, layout_violations, valid_layouts, validate
+from dpep_parity.checks.core.topology import InvalidLayout, Layout, layout_violations, valid_layouts, validate
 from dpep_parity.fixtures.build import hf_config
 from dpep_parity.fixtures.specs import FIXTURES
 

@@ -1,4 +1,4 @@
-"""A world of torchrun workers (checks.torchrun_world): two torchrun agents on this host, two workers each, form
+"""A world of torchrun workers (checks.harness.torchrun_world): two torchrun agents on this host, two workers each, form
 one 4-rank world (c10d rendezvous, gloo), as two hosts would. Examples run on it with the local pools' verdicts;
 a planted hang is diagnosed by rank, host and collective and the world recovers; a dead worker is diagnosed
 and the world relaunched; nothing is left running on either agent."""
@@ -10,16 +10,16 @@ import socket
 
 import pytest
 
-from dpep_parity.checks import world
-from dpep_parity.checks.batches import Batch
-from dpep_parity.checks.batches import Request as R
-from dpep_parity.checks.parity import run_example
+from dpep_parity.checks.core.batches import Batch
+from dpep_parity.checks.core.batches import Request as R
+from dpep_parity.checks.core.topology import Layout
+from dpep_parity.checks.harness import world
+from dpep_parity.checks.harness.torchrun_world import TorchrunWorld
+from dpep_parity.checks.harness.world import WorldFailure, WorldSettings
+from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.tests.jobs import SkipOnRank
 from dpep_parity.checks.tests.jobs_extra import DieOnRank, PidAndSum
 from dpep_parity.checks.tests.procs import running
-from dpep_parity.checks.topology import Layout
-from dpep_parity.checks.torchrun_world import TorchrunWorld
-from dpep_parity.checks.world import WorldFailure, WorldSettings
 from dpep_parity.fixtures.build import fixture_path
 
 SETTINGS = WorldSettings("torchrun", "127.0.0.1:0", agents=2, nproc=2)
@@ -108,7 +108,7 @@ def test_a_worker_freed_before_its_control_thread_acts_still_joins_the_next_gene
 IDLE4 = Batch(((R(0, 3),), (), (), ()), 3)     # property_tests/test_parity.py's pinned B02 / B14 example
 
 
-@pytest.mark.parametrize("target", ["spec", "checks.mutants:B02", "checks.mutants:B14"])
+@pytest.mark.parametrize("target", ["spec", "checks.catalog.mutants:B02", "checks.catalog.mutants:B14"])
 def test_verdicts_equal_the_local_pools(trw, target):
     """A pinned example, the spec and two catalog mutants (a hang, a double reduction): the same checks fail
     on the torchrun world as on a local pool."""

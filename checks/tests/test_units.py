@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dpep_parity.checks import units
-from dpep_parity.checks.batches import Batch, Request, seq_inputs, seq_token_ids
+from dpep_parity.checks.core.batches import Batch, Request, seq_inputs, seq_token_ids
 from dpep_parity.registry import Registry
 
 CONFIG = {"hidden_size": 8, "vocab_size": 11}

@@ -69,7 +69,7 @@ def test_both_packages_named_fixtures_import(installed):
 
 def test_dpep_help_is_fast_and_imports_no_torch(installed):
     _, py, env, empty = installed
-    code = ("import sys, time; t = time.perf_counter(); from dpep_parity.checks.cli import main\n"
+    code = ("import sys, time; t = time.perf_counter(); from dpep_parity.checks.tools.cli import main\n"
             "try: main(['--help'])\nexcept SystemExit: pass\n"
             "assert 'torch' not in sys.modules; print(time.perf_counter() - t, file=sys.stderr)")
     t0 = time.perf_counter()
@@ -95,20 +95,20 @@ def test_a_failing_propertys_replay_line_replays_in_an_engine_repository(install
     (repo / "pyproject.toml").write_text('[project]\nname = "an-engine"\nversion = "0"\n')
     bindir = py.parent                  # the console script pip writes from the wheel's entry_points.txt
     script = bindir / "dpep"
-    script.write_text(f"#!{py}\nimport re\nimport sys\nfrom dpep_parity.checks.cli import main\n"
+    script.write_text(f"#!{py}\nimport re\nimport sys\nfrom dpep_parity.checks.tools.cli import main\n"
                       "if __name__ == '__main__':\n"
                       "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
                       "    sys.exit(main())\n")
     script.chmod(0o755)
     env = {**env, "PATH": f"{bindir}{os.pathsep}{env.get('PATH', '')}", "DPEP_MAX_EXAMPLES": "2"}
     r = subprocess.run([str(py), "-m", "pytest", "-p", "dpep", "-p", "no:cacheprovider", "-q", "--pyargs",
-                        "dpep_parity.property_tests.test_parity", "-k", ONE_PIN, "--target", "checks.mutants:B08"],
+                        "dpep_parity.property_tests.test_parity", "-k", ONE_PIN, "--target", "checks.catalog.mutants:B08"],
                        cwd=repo, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 1 and "1 failed" in r.stdout, (r.stdout + r.stderr)[-3000:]
     line = next(ln.split("replay: ", 1)[1] for ln in r.stdout.splitlines() if "replay: dpep replay " in ln)
-    assert "--target checks.mutants:B08" in line
+    assert "--target checks.catalog.mutants:B08" in line
     out = subprocess.run(line, shell=True, cwd=repo, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 1 and "FAIL" in out.stdout, (line, (out.stdout + out.stderr)[-3000:])
-    control = subprocess.run(line.replace("checks.mutants:B08", "spec"), shell=True, cwd=repo,
+    control = subprocess.run(line.replace("checks.catalog.mutants:B08", "spec"), shell=True, cwd=repo,
                              capture_output=True, text=True, timeout=600, env=env)
     assert control.returncode == 0 and "PASS" in control.stdout, (control.stdout + control.stderr)[-3000:]

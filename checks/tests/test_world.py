@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from dpep_parity.checks.harness.world import World, WorldFailure
 from dpep_parity.checks.tests.jobs import RaiseOnRank, ShapeMismatch, SkipOnRank, Sleep, SumRanks
 from dpep_parity.checks.tests.jobs_extra import PidAndSum
 from dpep_parity.checks.tests.procs import running as running_anywhere
-from dpep_parity.checks.world import World, WorldFailure
 
 
 def running(pid: int) -> bool:
@@ -153,8 +153,8 @@ def test_a_group_playing_several_roles_is_named_by_all_of_them():
     """Negative control: in tp4-dp4-ep4 the TP group and the MoE-EP group are one process group; a TP
     reduction used to be recorded (and a hang diagnosed) as 'all_reduce on moe_ep[0, 1, 2, 3]'. A role is
     named afresh per layout: tp4-dp2-ep1 reuses the same world group as tp and moe_tp."""
+    from dpep_parity.checks.core.topology import Layout
     from dpep_parity.checks.tests.jobs_extra import ReduceOnRole
-    from dpep_parity.checks.topology import Layout
     with World(4, deadline_s=60) as w:
         res = w.run(ReduceOnRole(Layout(4, 4, 4), "tp"))
         assert {r.records[-1].group_name for r in res} == {"tp/moe_ep"}

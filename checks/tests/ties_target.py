@@ -3,7 +3,7 @@
 the padding-rule property's tie policy (test_parity_checks)."""
 from __future__ import annotations
 
-from dpep_parity.checks.batches import SUM_LEN, padding_mode
+from dpep_parity.checks.core.batches import SUM_LEN, padding_mode
 from dpep_parity.checks.targets.spec import SpecModel, SpecTarget
 
 

@@ -3,7 +3,7 @@
 A unit says what it takes (per-request hidden sequences, the extend rows only, or token ids), what every rank
 returns (its key and width), how the single-device oracle computes it (truth, reference and the decoy-company
 variants), and which unit-specific checks apply (routing over one layer or every layer, dispatch counts, the
-greedy token). The judge (checks.parity), the rank job (checks.unitjob), the strategies and the tools read
+greedy token). The judge (checks.judge.parity), the rank job (checks.harness.unitjob), the strategies and the tools read
 these fields instead of testing unit names.
 
 Adding a unit is one module in this package defining ``UNIT = Unit(...)``, or an entry point of group
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from dpep_parity.checks.batches import Batch, seq_inputs, seq_token_ids
+from dpep_parity.checks.core.batches import Batch, seq_inputs, seq_token_ids
 from dpep_parity.registry import Registry
 
 if TYPE_CHECKING:
-    from dpep_parity.checks.reference import Oracle, UnitRef
+    from dpep_parity.checks.oracle.reference import Oracle, UnitRef
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The self-attention of one layer (QKV, RoPE, attention over prefix + extend, o_proj) on each request."""
-from dpep_parity.checks.reference import layer_mask
+from dpep_parity.checks.oracle.reference import layer_mask
 from dpep_parity.checks.units import Unit
 
 

@@ -1,5 +1,5 @@
 """One decoder layer (norm, attention, residual, norm, MLP block, residual) on each request."""
-from dpep_parity.checks.reference import layer_mask
+from dpep_parity.checks.oracle.reference import layer_mask
 from dpep_parity.checks.units import Unit
 
 

@@ -145,7 +145,7 @@ def layout_problems(config) -> list[str]:
     import json
     from pathlib import Path
 
-    from dpep_parity.checks.topology import Layout, layout_violations
+    from dpep_parity.checks.core.topology import Layout, layout_violations
 
     try:
         model_cfg = json.loads((Path(config.model_path) / "config.json").read_text())

@@ -13,7 +13,7 @@ MATRIX = """
 [defaults]
 model = "fixture:qwen3-moe"
 engine = "inproc"
-target = "checks.variants:BATCH_INVARIANT"
+target = "checks.catalog.variants:BATCH_INVARIANT"
 dtype = "float32"
 
 [gate]
@@ -32,7 +32,7 @@ ep = 2
 
 [[config]]
 name = "tp2-dp2-ep2-I02"
-target = "checks.invariance_mutants:I02"
+target = "checks.catalog.invariance_mutants:I02"
 tp = 2
 dp = 2
 ep = 2

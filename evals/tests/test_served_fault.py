@@ -34,19 +34,19 @@ dp = 2
 
 [[config]]
 name = "tp2-dp2-M08-served"
-target = "checks.mutants:M08"
+target = "checks.catalog.mutants:M08"
 tp = 2
 dp = 2
 
 [[config]]
 name = "tp2-dp2-M07-served"
-target = "checks.mutants:M07"
+target = "checks.catalog.mutants:M07"
 tp = 2
 dp = 2
 
 [[config]]
 name = "tp2-dp2-M08-prefill"
-target = "checks.mutants:M08"
+target = "checks.catalog.mutants:M08"
 serving = "prefill"
 in_flight = 0
 tp = 2

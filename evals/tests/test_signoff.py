@@ -215,7 +215,7 @@ def test_a_dead_openai_server_is_bad_input_before_the_baseline_runs(tmp_path, ti
 
 
 def test_the_property_suites_failures_are_counted_from_their_records_not_their_text():
-    from dpep_parity.checks.records import FailedCheck, FailureRecord
+    from dpep_parity.checks.core.records import FailedCheck, FailureRecord
     from dpep_parity.evals.report import _summarize
 
     rec = FailureRecord((FailedCheck("parity", "8 rows beyond"), FailedCheck("routing", "rank 2")), unit="moe")

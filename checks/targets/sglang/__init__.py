@@ -15,7 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 
-from dpep_parity.checks.batches import MAX_LEN
+from dpep_parity.checks.core.batches import MAX_LEN
 from dpep_parity.checks.targets.sglang import cpu_shims, releases
 
 # Rank processes (spawned children of the suite's World) import this module to resolve the target, before
@@ -67,7 +67,7 @@ class SGLangTarget:
         self.placement = placement
         self.server_options = tuple(server_options)
         self.name = name or ("sglang" if placement is None else f"sglang-{placement}-experts")
-        self.invariances = frozenset(invariances)     # what this configuration promises (checks/invariance.py)
+        self.invariances = frozenset(invariances)     # what this configuration promises (checks/judge/invariance.py)
 
     # This package is glue around SGLang: an ImportError / AttributeError / TypeError raised in it means an
     # adapter does not fit the installed release, a harness error, never a verdict on SGLang (protocol).

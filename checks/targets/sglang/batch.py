@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from dpep_parity.checks.batches import DECODE, EXTEND, IDLE, Batch, Request
+from dpep_parity.checks.core.batches import DECODE, EXTEND, IDLE, Batch, Request
 from dpep_parity.checks.targets.sglang.eras import StandIn, set_fields
 
 

@@ -2,7 +2,7 @@
 (docs/museum.md) as a predicate, for marking expected failures:
 
     from dpep_parity.checks.targets.sglang.findings import explained
-    reason = explained(res, fixture)      # res: checks.parity.ParityResult
+    reason = explained(res, fixture)      # res: checks.judge.parity.ParityResult
     if reason: pytest.xfail(reason)
 
 A failure is explained only when *every* failed check is: F1 when the unit runs a layer of a Qwen fixture that

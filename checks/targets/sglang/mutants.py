@@ -5,7 +5,7 @@ example (undone afterwards: rank processes are shared with the unmutated target)
 decoder and model units observe SGLang's own positions, cache writes, DP offsets and reductions, not a copy of
 them, and that the suite's properties fail when those go wrong:
 
-    python -m checks.replay --target checks.targets.sglang.mutants:S01 --unit decoder --fixture qwen3-moe \
+    python -m checks.tools.replay --target checks.targets.sglang.mutants:S01 --unit decoder --fixture qwen3-moe \
         --layout tp2-dp2-ep2 --layer 1 --batch 'dp0:4+1,2+1 dp1:3+1,5+1 seed=5'
 
 | id | what is broken (where) | class |

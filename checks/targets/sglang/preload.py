@@ -1,4 +1,4 @@
-"""What a CPU world's forkserver imports once for the sglang target (its `preload_modules`; checks.world,
+"""What a CPU world's forkserver imports once for the sglang target (its `preload_modules`; checks.harness.world,
 `_rank_context`): the modules a rank's first SGLang session imports (SGLang's server arguments, model runner,
 loader, its model registry with every model class, the torch-native attention backend, the message queues of
 its groups, and this target's own rank-side modules), behind the import shims they need on CPU. Ranks forked

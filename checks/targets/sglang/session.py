@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpep_parity.checks.recorder import setup_phase
+from dpep_parity.checks.harness.recorder import setup_phase
 from dpep_parity.checks.targets.protocol import BuildEnv
 from dpep_parity.checks.targets.sglang import cpu_shims, eras
 from dpep_parity.checks.targets.sglang.releases import installed_version

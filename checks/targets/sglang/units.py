@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from dpep_parity.checks.batches import Batch
+from dpep_parity.checks.core.batches import Batch
 from dpep_parity.checks.targets.protocol import BuildEnv, Route, Step, to_cpu
 from dpep_parity.checks.targets.sglang.batch import (
     forward_batch,

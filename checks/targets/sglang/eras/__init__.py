@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from functools import cache
 
-from dpep_parity.checks.batches import MAX_LEN
+from dpep_parity.checks.core.batches import MAX_LEN
 
 
 class Adapter:

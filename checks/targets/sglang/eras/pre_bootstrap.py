@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed
 
-from dpep_parity.checks.batches import SUM_LEN
+from dpep_parity.checks.core.batches import SUM_LEN
 from dpep_parity.checks.targets.sglang.eras import _parameters
 from dpep_parity.checks.targets.sglang.eras.communicator import Release016
 

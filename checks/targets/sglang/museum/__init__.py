@@ -97,10 +97,10 @@ def recall(exhibits=None) -> tuple[int, int]:
 
 
 def parsed_query(ex: Exhibit):
-    """The exhibit's query as `dpep bisect` takes it (checks.bisect.Query)."""
+    """The exhibit's query as `dpep bisect` takes it (checks.tools.bisect.Query)."""
     import shlex
 
-    from dpep_parity.checks import bisect
+    from dpep_parity.checks.tools import bisect
     kind, _, rest = ex.query.partition(":")
     if kind == "replay":
         return bisect.parse_replay(rest)
@@ -135,7 +135,7 @@ def as_recorded(ex: Exhibit, want: str, got: dict) -> bool:
 
 
 def run(ids: list[str], only: set[str] | None, out_dir: Path, timeout: float, log=print) -> int:
-    from dpep_parity.checks import bisect
+    from dpep_parity.checks.tools import bisect
     rows, ok = [], True
     for i in ids:
         ex = EXHIBITS[i]

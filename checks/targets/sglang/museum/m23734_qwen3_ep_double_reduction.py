@@ -1,4 +1,4 @@
-from dpep_parity.checks.batches import MAX_LEN, padding_mode
+from dpep_parity.checks.core.batches import MAX_LEN, padding_mode
 from dpep_parity.checks.targets.sglang.museum import CAUGHT, Exhibit
 from dpep_parity.fixtures.specs import FIXTURES
 

@@ -1,0 +1,1 @@
+"""The bug catalog as code: mutants of the spec, invariance mutants, correct variants."""

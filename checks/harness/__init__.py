@@ -1,0 +1,1 @@
+"""Multi-rank execution: worlds (local pools, torchrun), collective records, transport, the rank job."""

@@ -1,0 +1,1 @@
+"""The judge: one example's checks (parity, routing, router weights, dispatch, ...), invariance pairs."""

@@ -1,0 +1,391 @@
+"""The single-device oracle: Hugging Face transformers' own modules of the fixture's family (Qwen2-MoE,
+Qwen3-MoE, GLM-4.5-MoE: fixtures.families), code that no engine under test shares. Loaded from the fixture directory (never cast in memory: transformers keeps the
+rotary inv_freq in fp32 on load) in float64 for the truth and in the test dtype for the reference.
+
+Devices: the reference (test dtype) runs on the device of the system under test, so that its rounding is
+the rounding of the same kernels (cuBLAS on CUDA, which may reduce bf16 GEMMs in another order than the
+CPU does); the float64 truth may run anywhere (`truth_device`, default: the same device). Inputs are CPU
+tensors; every tensor a UnitRef holds is back on the CPU.
+
+Experts (checks.oracle.oracle_experts, through transformers' `experts_implementation` switch): the truth's float64
+experts run as two padded batched GEMMs (`dpep_padded_bmm`), the reference's through transformers'
+`grouped_mm` on CUDA and its eager loop on CPU; the decoy variants' add a token's expert outputs in the dtype
+where the reference adds them in float32 (`oracle_experts.decoy_experts`). Every request of an example runs in
+one right-padded forward (`per_request`, `model`).
+
+Rows are the extend tokens of every request, in global order (DP rank, then request, then position).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from dpep_parity.checks.core.batches import DTYPES, Batch
+from dpep_parity.checks.oracle import oracle_experts
+from dpep_parity.fixtures import families
+
+
+@dataclass
+class UnitRef:
+    truth: torch.Tensor                      # [rows, cols] float64
+    ref: torch.Tensor                        # [rows, cols] in dtype
+    # per sparse layer: router probabilities of every row (truth, ref), for near-tie detection
+    router: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    layers_truth: list[torch.Tensor] = field(default_factory=list)   # model: per-layer outputs (rows)
+    layers_ref: list[torch.Tensor] = field(default_factory=list)
+
+
+# Seconds per oracle phase ("truth", "reference", "variants"), CUDA-synchronized, while checks.tools.bench_gpu sets a
+# dict here; None (the default) costs nothing.
+PROFILE: dict[str, float] | None = None
+
+
+@contextlib.contextmanager
+def phase(name: str, device):
+    if PROFILE is None:
+        yield
+        return
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.synchronize(device)
+        PROFILE[name] = PROFILE.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _timed(name: str):
+    def deco(fn):
+        @functools.wraps(fn)
+        def timed(self, *a, **kw):
+            with phase(name, _dev(self.ref_model)):
+                return fn(self, *a, **kw)
+        return timed
+    return deco
+
+
+@functools.lru_cache(maxsize=8)
+def load_model(model_dir: str, dtype: str, device: str = "cpu", experts: str = "eager"):
+    """transformers' model from the fixture folder in `dtype` on `device`, its experts through transformers'
+    `experts_implementation` switch (checks.oracle.oracle_experts: eager, grouped_mm, batched_mm, dpep_padded_bmm)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    kw = dict(dtype=DTYPES[dtype], attn_implementation="eager")
+    if not oracle_experts.register():   # transformers 4.x has no experts_implementation: eager experts
+        m = AutoModelForCausalLM.from_pretrained(model_dir, **kw)
+    else:
+        m = AutoModelForCausalLM.from_pretrained(model_dir, experts_implementation=experts, **kw)
+    if device != "cpu":
+        m = m.to(device)   # moves storage only: the fp32 rotary inv_freq stays fp32
+    if dtype == "float64":
+        _float64_throughout(m)
+    return m.eval()
+
+
+class _Float64Torch:
+    """`torch` as a module whose `float32` is float64: the globals under which a module's own forward runs in
+    the truth, so that a cast to float32 written on purpose (transformers computes GLM's and DeepSeek-V3's
+    routers in float32 whatever the model's dtype) keeps float64 there."""
+
+    def __getattr__(self, name):
+        return torch.float64 if name == "float32" else getattr(torch, name)
+
+
+@contextlib.contextmanager
+def _tensor_float_is_float64():
+    """`Tensor.float()` returns float64 inside: MiniMax-M2's router writes its float32 cast as a tensor method
+    (`sigmoid(router_logits.float())`), which no module global redirects. Only the truth's router forward runs
+    under it (single-threaded oracle code); restored on exit."""
+    before = torch.Tensor.float
+    torch.Tensor.float = lambda self, *a, **kw: self.to(torch.float64)
+    try:
+        yield
+    finally:
+        torch.Tensor.float = before
+
+
+def _float64_throughout(model) -> None:
+    """The float64 truth runs the modules its family names (fixtures.families: `float32_modules`) with their
+    own forward code, its float32 casts (`torch.float32`, `Tensor.float()`) read as float64: the truth must
+    not round where the reference keeps float32 (it would be no truth for a float32 test)."""
+    import types
+
+    names = set(families.get(model.config).float32_modules)
+    for mod in model.modules():
+        if type(mod).__name__ in names:
+            fn = type(mod).forward
+            code = types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch()}, fn.__name__,
+                                      fn.__defaults__, fn.__closure__)
+
+            def forward(self, *args, _code=code, **kwargs):
+                with _tensor_float_is_float64():
+                    return _code(self, *args, **kwargs)
+            mod.forward = types.MethodType(forward, mod)
+
+
+def resolve_device(device: str | None) -> str:
+    """'cpu', 'cuda' (the current CUDA device of this process), 'cuda:N', or 'auto'."""
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
+def _causal_mask(n: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+    m = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
+    return m[None, None]
+
+
+def _dev(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+class Oracle:
+    """`device`: where the reference in the test dtype runs (the system under test's device);
+    `truth_device`: where the float64 truth runs (default: `device`)."""
+
+    def __init__(self, model_dir: str, dtype: str, device: str = "cpu", truth_device: str | None = None):
+        self.dir, self.dtype_name = str(model_dir), dtype
+        self.dtype = DTYPES[dtype]
+        self.device = resolve_device(device)
+        self.truth_device = resolve_device(truth_device) if truth_device else self.device
+        self.truth_model = load_model(self.dir, "float64", self.truth_device, oracle_experts.truth_experts())
+        ref_experts = oracle_experts.reference_experts(self.dtype, self.device)
+        self.ref_model = load_model(self.dir, dtype, self.device, ref_experts)
+        self.decoy_experts = oracle_experts.decoy_experts(ref_experts)
+        self.config = self.truth_model.config
+
+    def _both(self):
+        """(model, dtype) of the truth, then of the reference; each loop body is timed as its phase (PROFILE)."""
+        for model, dt, name in ((self.truth_model, torch.float64, "truth"), (self.ref_model, self.dtype, "reference")):
+            with phase(name, _dev(model)):
+                yield model, dt
+
+    @torch.no_grad()
+    def mlp(self, layer: int, x: torch.Tensor) -> UnitRef:
+        """The layer's MLP block (sparse MoE or dense) on rows x [rows, hidden]."""
+        outs, probs = [], []
+        for model, dt in self._both():
+            block = model.model.layers[layer].mlp
+            with _RouterTap(model) as tap:
+                outs.append(_hidden(block(x.to(dt).to(_dev(model))[None])).reshape(x.shape[0], -1).cpu())
+            probs.append(tap.probs(layer))
+        return UnitRef(outs[0], outs[1], [tuple(probs)] if probs[0] is not None else [])
+
+    @torch.no_grad()
+    def per_request(self, batch: Batch, seqs: list[torch.Tensor], fn, layers: list[int]) -> UnitRef:
+        """`fn(model, h, position_embeddings, mask)` on the requests' sequences (prefix + extend); the extend rows,
+        and the router probabilities of `layers` (the sparse ones among them).
+
+        Every request runs in one forward, right-padded to the longest: under the causal mask a real row attends
+        only to its own request's earlier rows (pad keys come after every real query), and every other op is
+        row-wise, so each real row is the same function as alone. In float64 that is the truth up to float64
+        rounding; in the test dtype it is one device serving the batch (its rounding depends on the company, as
+        a serving engine's does: the decoy variants sample other company)."""
+        with phase("truth", _dev(self.truth_model)):
+            truth = self._padded_requests(self.truth_model, torch.float64, batch, seqs, fn, layers)
+        with phase("reference", _dev(self.ref_model)):
+            ref = self._padded_requests(self.ref_model, self.dtype, batch, seqs, fn, layers)
+        router = _merge_router(truth[1], ref[1], len(layers))
+        return UnitRef(truth[0], ref[0], router)
+
+    def _padded_requests(self, model, dt, batch: Batch, seqs, fn, layers, extra: list[torch.Tensor] = ()):
+        """`fn` on every request of `batch` (and the `extra` sequences after them) in one right-padded forward:
+        the requests' extend rows, and per request the router probabilities of `layers` over its own tokens."""
+        reqs = [req for _, _, req in batch.requests_flat()]
+        if not reqs:
+            return _cat([], self.config.hidden_size, dt), []
+        dev = _dev(model)
+        h = pad_sequence([t.to(dt) for t in [*seqs, *extra]], batch_first=True).to(dev)   # zeros after each
+        longest = h.shape[1]
+        pos = torch.arange(longest, device=dev)[None].expand(h.shape[0], -1)
+        pe = model.model.rotary_emb(h, pos)
+        with _RouterTap(model) as tap:
+            out = fn(model, h, pe, _causal_mask(longest, dt, dev))
+        rows = [out[b, r.prefix: r.total].cpu() for b, r in enumerate(reqs)]
+        taps = [[tap.probs(i, start=b * longest + r.prefix, stop=b * longest + r.total) for i in layers]
+                for b, r in enumerate(reqs)]
+        return _cat(rows, self.config.hidden_size, dt), taps
+
+    @torch.no_grad()
+    def model(self, batch: Batch, token_ids: list[torch.Tensor]) -> UnitRef:
+        """Logits of every extend token, per-layer hidden states, and router probabilities of every token
+        (prefix tokens included: a tie in the prefix changes the cache the extend tokens attend to). Every
+        request in one right-padded forward, as in `per_request`."""
+        res = []
+        ids = pad_sequence(token_ids, batch_first=True) if token_ids else None
+        for model, dt in self._both():
+            res.append(self._model_calls(model, dt, batch, ids))
+        n_layers = self.config.num_hidden_layers
+        router = _merge_router(res[0][2], res[1][2], n_layers)
+        return UnitRef(res[0][0], res[1][0], router, res[0][1], res[1][1])
+
+    def _model_calls(self, model, dt, batch: Batch, ids: torch.Tensor | None):
+        """One forward of the requests' right-padded token ids [B, S] (their rows first, any others after; None:
+        no request) -> logits and per-layer hidden states of the extend tokens, router probabilities of every
+        token of each request."""
+        n_layers = self.config.num_hidden_layers
+        logits, hidden, taps = [], [[] for _ in range(n_layers)], []
+        if ids is not None:
+            outs: dict[int, torch.Tensor] = {}
+            hooks = [layer.register_forward_hook(_keep_output(outs, i)) for i, layer in enumerate(model.model.layers)]
+            try:   # hooks, not output_hidden_states: its last entry is after the final norm
+                with _RouterTap(model) as tap:
+                    out = model(input_ids=ids.to(_dev(model)))
+            finally:
+                for h in hooks:
+                    h.remove()
+            width = ids.shape[1]
+            for b, (_, _, req) in enumerate(batch.requests_flat()):
+                logits.append(out.logits[b, req.prefix: req.total].cpu())
+                for i in range(n_layers):
+                    hidden[i].append(outs[i][b, req.prefix: req.total].cpu())
+                taps.append([tap.probs(i, start=b * width, stop=b * width + req.total) for i in range(n_layers)])
+        v, hs = self.config.vocab_size, self.config.hidden_size
+        return _cat(logits, v, dt), [_cat(h, hs, dt) for h in hidden], taps
+
+    # The reference in the test dtype again, with the same rows computed among decoy rows or decoy requests:
+    # GEMM blocking depends on the batch, so one token's rounding differs with its company (measured: a
+    # qwen3-moe MoE row's fp32 error went from 1.3e-7 alone to 5.9e-7 among 8 rows). Together with the plain
+    # reference these sample the error one device legitimately makes. Each unit picks its kind (checks.units).
+    # The evaluations among decoys (the 7-row one for the MoE block) also take the other legitimate habit of
+    # adding a token's expert outputs (`self.decoy_experts`: in the dtype where the reference adds in float32).
+    def _decoy_experts(self):
+        return experts_as(self.ref_model, self.decoy_experts)
+
+    @torch.no_grad()
+    @_timed("variants")
+    def decoy_rows(self, layer: int, batch: Batch, x: torch.Tensor) -> list[torch.Tensor]:
+        """The layer's MLP block on rows x among 1 and among 7 random decoy rows."""
+        model, dt = self.ref_model, self.dtype
+        g = torch.Generator().manual_seed(batch.seed + 1)
+        block = model.model.layers[layer].mlp
+        out = []
+        for extra in (1, 7):
+            decoys = torch.randn(extra, x.shape[1], generator=g, dtype=torch.float64).to(dt)
+            with self._decoy_experts() if extra == 7 else contextlib.nullcontext():
+                out.append(_hidden(block(torch.cat([x.to(dt), decoys]).to(_dev(model))[None]))[0, : x.shape[0]].cpu())
+        return out
+
+    @torch.no_grad()
+    @_timed("variants")
+    def decoy_sequences(self, batch: Batch, seqs: list[torch.Tensor], fn) -> list[torch.Tensor]:
+        """`fn` (as for per_request) on all requests batched with two random decoy sequences of the longest's
+        length: other company for every row, one forward."""
+        g = torch.Generator().manual_seed(batch.seed + 1)
+        longest = max([s.shape[0] for s in seqs] + [1])
+        decoys = list(torch.randn(2, longest, self.config.hidden_size, generator=g, dtype=torch.float64))
+        with self._decoy_experts():
+            rows, _ = self._padded_requests(self.ref_model, self.dtype, batch, seqs, fn, [], extra=decoys)
+        return [rows]
+
+    @torch.no_grad()
+    @_timed("variants")
+    def decoy_tokens(self, batch: Batch, token_ids: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The model's logits of all requests batched with two random decoy requests of the longest's length."""
+        g = torch.Generator().manual_seed(batch.seed + 1)
+        longest = max([t.shape[0] for t in token_ids] + [1])
+        decoys = list(torch.randint(0, self.config.vocab_size, (2, longest), generator=g))
+        ids = pad_sequence([*token_ids, *decoys], batch_first=True) if token_ids else None
+        with self._decoy_experts():
+            logits, _, _ = self._model_calls(self.ref_model, self.dtype, batch, ids)
+        return [logits]
+
+
+@contextlib.contextmanager
+def experts_as(model, experts: str | None):
+    """`model`'s experts through transformers' implementation `experts` inside the block (None: unchanged)."""
+    before = model.config._experts_implementation
+    if experts is None or experts == before:
+        yield
+        return
+    model.set_experts_implementation(experts)
+    try:
+        yield
+    finally:
+        model.set_experts_implementation(before)
+
+
+def _hidden(out):
+    """A block's hidden states: GPT-OSS's MLP returns (hidden states, router scores)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def layer_mask(model, layer: int, mask: torch.Tensor) -> torch.Tensor:
+    """The attention mask transformers' model hands layer `layer`: `mask` (causal over right-padded requests)
+    with the sliding window on the layers whose `layer_types` entry is sliding_attention (GPT-OSS). transformers'
+    eager attention enforces the window only through this mask, which its model builds per layer type
+    (`create_sliding_window_causal_mask`: key k visible from query q when q - window < k <= q); a unit that calls
+    a layer directly must build it as the model would."""
+    types, window = getattr(model.config, "layer_types", None), getattr(model.config, "sliding_window", None)
+    if not types or not window or types[layer] != "sliding_attention":
+        return mask
+    n = mask.shape[-1]
+    pos = torch.arange(n, device=mask.device)
+    outside = pos[None, :] <= pos[:, None] - window
+    return mask.masked_fill(outside, torch.finfo(mask.dtype).min)
+
+
+def _keep_output(store: dict, i: int):
+    def hook(mod, inp, out):
+        store[i] = (out[0] if isinstance(out, tuple) else out).detach()
+    return hook
+
+
+def _cat(rows: list[torch.Tensor], cols: int, dt) -> torch.Tensor:
+    return torch.cat(rows) if rows else torch.zeros(0, cols, dtype=dt)
+
+
+def _merge_router(truth_taps, ref_taps, n_layers):
+    """Per layer: ([tokens, experts] truth, ref) over all requests; None entries (dense layers) dropped.
+    Keeps each request's tokens as a list so callers can map ties back to requests."""
+    out = []
+    for i in range(n_layers):
+        t = [req[i] for req in truth_taps]
+        r = [req[i] for req in ref_taps]
+        if t and t[0] is not None:
+            out.append((t, r))
+    return out
+
+
+class _RouterTap:
+    """Captures the router's choice scores of every sparse layer during one forward (forward hooks on the block's
+    router, `mlp.gate` or as the family names it:
+    its logits, turned into the scores whose top-k is the choice by the model's family). `probs` hands them out
+    as a softmax over the scores: for a softmax router the router's probabilities, for a sigmoid router with a
+    correction bias a distribution whose log-ratios are the score margins (what the near-tie test reads)."""
+
+    def __init__(self, model):
+        self.model, self.handles, self.logits = model, [], {}
+        self.choice = families.get(model.config).choice_scores
+
+    def __enter__(self):
+        router = families.get(self.model.config).router
+        for i, layer in enumerate(self.model.model.layers):
+            gate = getattr(layer.mlp, router, None)
+            if gate is not None and hasattr(gate, "top_k"):
+                self.handles.append(gate.register_forward_hook(self._hook(i)))
+        return self
+
+    def _hook(self, i):
+        def hook(mod, inp, out):
+            logits = out[0] if isinstance(out, tuple) else out
+            self.logits[i] = self.choice(mod, logits.detach().reshape(-1, logits.shape[-1]), inp)
+        return hook
+
+    def probs(self, layer: int, start: int = 0, stop: int | None = None):
+        if layer not in self.logits:
+            return None
+        return torch.softmax(self.logits[layer][start:stop], dim=-1).cpu()
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()

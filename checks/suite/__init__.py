@@ -1,0 +1,1 @@
+"""The pytest plugin and the suite's options and hypothesis profiles."""

@@ -1,0 +1,1 @@
+"""Command-line tools: dpep, the kill table, replay, bisect, calibration, benchmarks."""
