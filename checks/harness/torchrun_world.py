@@ -27,12 +27,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 
 from dpep_parity.checks.harness import transport
 from dpep_parity.checks.harness.torchrun_worker import parse_address
-from dpep_parity.checks.harness.world import _LIVE, World, WorldFailure, WorldKind, WorldSettings
+from dpep_parity.checks.harness.world import (
+    _LIVE,
+    World,
+    WorldFailure,
+    WorldKind,
+    WorldOptions,
+    WorldSettings,
+)
 
 MAX_RESTARTS = 100      # worker-group restarts a launched agent allows (one per diagnosed hang)
 ACCEPT_SLICE_S = 0.5
@@ -70,17 +78,17 @@ class TorchrunWorld(World):
 
     @property
     def driver_address(self) -> tuple[str, int]:
-        return self._server.getsockname()[:2] if self._server else parse_address(self.settings.driver)
+        return self._server.getsockname()[:2] if self._server else parse_address(self.settings.options.driver)
 
     def start(self) -> TorchrunWorld:
         if self.alive:
             return self
         self._drop_connections()
         if self._server is None:
-            host, port = parse_address(self.settings.driver)
+            host, port = parse_address(self.settings.options.driver)
             self._server = socket.create_server((host, port), backlog=256)
             self._server.settimeout(ACCEPT_SLICE_S)
-        if self.settings.agents and not any(a.poll() is None for a in self._agents):
+        if self.settings.options.agents and not any(a.poll() is None for a in self._agents):
             self._launch_agents()
         self._join(time.monotonic() + self.start_timeout_s)
         self.starts += 1
@@ -92,7 +100,7 @@ class TorchrunWorld(World):
         self._reap_agents()
         if self._logs is None or not self._logs.exists():
             self._logs = Path(tempfile.mkdtemp(prefix="dpep-torchrun-"))
-        s = self.settings
+        s = self.settings.options
         rdzv = socket.create_server(("127.0.0.1", 0))   # a free port for the c10d store (closed before use)
         rdzv_port = rdzv.getsockname()[1]
         rdzv.close()
@@ -330,33 +338,66 @@ def shared_world(settings: WorldSettings, size: int, device: str, deadline_s: fl
     return w.start()     # the caller (checks.harness.world.get_world) checks its size
 
 
+@dataclass(frozen=True)
+class TorchrunOptions(WorldOptions):
+    """This process listens on `driver` for the workers and launches `agents` agents of `nproc` workers here
+    itself (0: they are started by hand, on any hosts)."""
+    driver: str = "127.0.0.1:0"
+    agents: int = 0
+    nproc: int = 1
+
+
+def _int(text) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return -1
+
+
 class TorchrunKind(WorldKind):
     """`--world torchrun`: the workers of torchrun agents on one or more hosts (this module's TorchrunWorld)."""
     name = "torchrun"
+    Options = TorchrunOptions
+
+    def addoptions(self, group) -> None:
+        env = os.environ
+        group.addoption("--world-driver", default=env.get("DPEP_WORLD_DRIVER", "127.0.0.1:0"),
+                        help="torchrun: HOST:PORT this process listens on for the workers (their --driver)")
+        group.addoption("--world-agents", type=int, default=env.get("DPEP_WORLD_AGENTS", "0"),
+                        help="torchrun: launch this many agents on this host (0: the agents are started by hand)")
+        group.addoption("--world-nproc", type=int, default=env.get("DPEP_WORLD_NPROC", "1"),
+                        help="torchrun: workers per launched agent")
+
+    def options_from(self, getoption) -> TorchrunOptions:
+        if getoption is None:
+            env = os.environ
+            return TorchrunOptions(env.get("DPEP_WORLD_DRIVER", "127.0.0.1:0"),
+                                   _int(env.get("DPEP_WORLD_AGENTS", "0")), _int(env.get("DPEP_WORLD_NPROC", "1")))
+        return TorchrunOptions(getoption("--world-driver"), getoption("--world-agents"), getoption("--world-nproc"))
 
     def size(self, settings: WorldSettings) -> int | None:
         """The world's size when this process launches its agents (else learned as workers join)."""
-        return settings.agents * settings.nproc if settings.agents else None
+        return settings.options.agents * settings.options.nproc if settings.options.agents else None
 
     def problems(self, settings: WorldSettings, world_sizes: list[int], test_processes: int) -> list[str]:
         out = []
-        host, _, port = settings.driver.rpartition(":")
+        host, _, port = settings.options.driver.rpartition(":")
         if not host or not port.isdigit():
-            out.append(f"--world-driver: {settings.driver!r} is not HOST:PORT (e.g. 0.0.0.0:29600)")
-        if settings.agents < 0 or settings.nproc < 1:
-            out.append(f"--world-agents {settings.agents} / --world-nproc {settings.nproc}: need agents >= 0, "
+            out.append(f"--world-driver: {settings.options.driver!r} is not HOST:PORT (e.g. 0.0.0.0:29600)")
+        if settings.options.agents < 0 or settings.options.nproc < 1:
+            out.append(f"--world-agents {settings.options.agents} / --world-nproc {settings.options.nproc}: need agents >= 0, "
                        "nproc >= 1")
-        if not settings.agents and not os.environ.get("DPEP_WORLD_KEY"):
+        if not settings.options.agents and not os.environ.get("DPEP_WORLD_KEY"):
             out.append("--world torchrun with agents started by hand: set DPEP_WORLD_KEY (the same hex secret "
                        "on this host and in every agent's environment) so that workers can authenticate")
-        if not settings.agents and settings.driver.rpartition(":")[2] == "0":
+        if not settings.options.agents and settings.options.driver.rpartition(":")[2] == "0":
             out.append("--world torchrun with agents started by hand: give --world-driver a fixed port, the one "
                        "the agents' --driver names")
         size = self.size(settings)
         if size and world_sizes and set(world_sizes) != {size}:
-            out.append(f"--world-sizes {','.join(map(str, world_sizes))}: a torchrun world of {settings.agents} "
-                       f"agent(s) x {settings.nproc} worker(s) has {size} ranks; run with --world-sizes {size}")
-        if not settings.agents and test_processes > 0:
+            out.append(f"--world-sizes {','.join(map(str, world_sizes))}: a torchrun world of {settings.options.agents} "
+                       f"agent(s) x {settings.options.nproc} worker(s) has {size} ranks; run with --world-sizes {size}")
+        if not settings.options.agents and test_processes > 0:
             out.append("--world torchrun with agents started by hand serves one test process: run with "
                        "-p no:xdist (or -n 0)")
         return out

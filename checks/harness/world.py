@@ -515,21 +515,23 @@ def _rank_context(device: str, preload: set[str]):
 
 # ---------------- which kind of world: local pools, a torchrun world, or an outside package's ----------------
 @dataclass(frozen=True)
+class WorldOptions:
+    """A world kind's own options: the fields of its kind's subclass (the local kind has none)."""
+
+
+@dataclass(frozen=True)
 class WorldSettings:
-    """The world options of a run (--world and its kin, or DPEP_WORLD and its kin). `kind` names a world kind
-    (WORLD_KINDS); `driver`, `agents` and `nproc` are read by kinds that serve ranks from elsewhere (the
-    torchrun kind: this process listens on `driver` and launches `agents` agents of `nproc` workers here
-    itself, 0: they are started by hand, on any hosts)."""
+    """The world of a run: `kind` names a world kind (WORLD_KINDS), `options` are that kind's own (its
+    Options class, read from its command-line options or the environment: WorldKind.options_from)."""
     kind: str = "local"
-    driver: str = "127.0.0.1:0"
-    agents: int = 0
-    nproc: int = 1
+    options: WorldOptions = field(default_factory=WorldOptions)
 
     @classmethod
     def from_env(cls) -> WorldSettings:
-        env = os.environ
-        return cls(env.get("DPEP_WORLD", "local"), env.get("DPEP_WORLD_DRIVER", "127.0.0.1:0"),
-                   _int(env.get("DPEP_WORLD_AGENTS", "0")), _int(env.get("DPEP_WORLD_NPROC", "1")))
+        """DPEP_WORLD names the kind; the kind reads its own options from the environment."""
+        kind = os.environ.get("DPEP_WORLD", "local")
+        known = WORLD_KINDS.get(kind)
+        return cls(kind, known.options_from(None) if known else WorldOptions())
 
     @property
     def size(self) -> int | None:
@@ -545,10 +547,19 @@ class WorldSettings:
 
 
 class WorldKind:
-    """A kind of world: where the ranks of a world of `size` come from. The local kind is this module's rank
-    pools; others (checks.harness.torchrun_world, an outside package's through an entry point of group
+    """A kind of world: where the ranks of a world of `size` come from, with its own options (`Options`, its
+    command-line options declared by `addoptions`, read by `options_from`). The local kind is this module's
+    rank pools; others (checks.harness.torchrun_world, an outside package's through an entry point of group
     dpep_parity.worlds) return a World subclass of their own, or None to let this size run on a local pool."""
     name = "local"
+    Options: type[WorldOptions] = WorldOptions
+
+    def addoptions(self, group) -> None:
+        """Declare this kind's own command-line options in the suite's pytest option group."""
+
+    def options_from(self, getoption) -> WorldOptions:
+        """This kind's options from pytest's `config.getoption`, or from the environment when it is None."""
+        return self.Options()
 
     def size(self, settings: WorldSettings) -> int | None:
         return None
@@ -563,13 +574,6 @@ class WorldKind:
 WORLD_KINDS: Registry[WorldKind] = Registry("worlds", accept=WorldKind, noun="world kind")
 WORLD_KINDS.register(WorldKind())
 WORLD_KINDS.refer("torchrun", "dpep_parity.checks.harness.torchrun_world:KIND")
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        return -1
 
 
 _SETTINGS: WorldSettings | None = None

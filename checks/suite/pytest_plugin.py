@@ -40,12 +40,9 @@ def pytest_addoption(parser):
     g.addoption("--world", default=os.environ.get("DPEP_WORLD", "local"),
                 help="local: rank pools on this host (default); torchrun: the workers of torchrun agents on one "
                      "or more hosts (docs/property-suite.md, 'Worlds beyond one host')")
-    g.addoption("--world-driver", default=os.environ.get("DPEP_WORLD_DRIVER", "127.0.0.1:0"),
-                help="torchrun: HOST:PORT this process listens on for the workers (their --driver)")
-    g.addoption("--world-agents", type=int, default=os.environ.get("DPEP_WORLD_AGENTS", "0"),
-                help="torchrun: launch this many agents on this host (0: the agents are started by hand)")
-    g.addoption("--world-nproc", type=int, default=os.environ.get("DPEP_WORLD_NPROC", "1"),
-                help="torchrun: workers per launched agent")
+    from dpep_parity.checks.harness.world import WORLD_KINDS
+    for kind in WORLD_KINDS.values():     # each world kind's own options (torchrun: --world-driver, ...)
+        kind.addoptions(g)
 
 
 @pytest.hookimpl(trylast=True)   # after hypothesis's plugin has loaded --hypothesis-profile
@@ -84,8 +81,9 @@ def pytest_configure(config):
 def configure_world(config) -> list[str]:
     """The world kind of this run (checks.harness.world.configure), or what is wrong with its options."""
     from dpep_parity.checks.harness import world
-    settings = world.WorldSettings(config.getoption("--world"), config.getoption("--world-driver"),
-                                   config.getoption("--world-agents"), config.getoption("--world-nproc"))
+    name = config.getoption("--world")
+    kind = world.WORLD_KINDS.get(name)
+    settings = world.WorldSettings(name, kind.options_from(config.getoption) if kind else world.WorldOptions())
     sizes = list(config.dpep_suite.world_sizes) if config.dpep_suite else []
     n = getattr(config.option, "numprocesses", None)
     bad = settings.problems(sizes, n if isinstance(n, int) else 0)

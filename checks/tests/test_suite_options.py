@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dpep_parity.checks.harness.torchrun_world import TorchrunOptions
 from dpep_parity.checks.harness.world import WorldSettings
 from dpep_parity.checks.suite.suite_options import problems
 
@@ -63,10 +64,10 @@ def test_pytest_exits_4_before_collecting(args, says):
 
 @pytest.mark.parametrize("settings, says", [
     (WorldSettings("mpi"), "'mpi' is not a world kind"),
-    (WorldSettings("torchrun", "localhost", 2, 2), "'localhost' is not HOST:PORT"),
-    (WorldSettings("torchrun", "127.0.0.1:0", 2, 0), "need agents >= 0, nproc >= 1"),
-    (WorldSettings("torchrun", "0.0.0.0:0", 0, 1), "give --world-driver a fixed port"),
-    (WorldSettings("torchrun", "127.0.0.1:0", 2, 2), "has 4 ranks; run with --world-sizes 4"),
+    (WorldSettings("torchrun", TorchrunOptions("localhost", 2, 2)), "'localhost' is not HOST:PORT"),
+    (WorldSettings("torchrun", TorchrunOptions("127.0.0.1:0", 2, 0)), "need agents >= 0, nproc >= 1"),
+    (WorldSettings("torchrun", TorchrunOptions("0.0.0.0:0", 0, 1)), "give --world-driver a fixed port"),
+    (WorldSettings("torchrun", TorchrunOptions("127.0.0.1:0", 2, 2)), "has 4 ranks; run with --world-sizes 4"),
 ], ids=lambda x: str(x)[:48])
 def test_each_bad_world_option_is_named(settings, says, monkeypatch):
     monkeypatch.setenv("DPEP_WORLD_KEY", "00" * 16)
@@ -75,9 +76,9 @@ def test_each_bad_world_option_is_named(settings, says, monkeypatch):
 
 def test_hand_started_agents_need_the_shared_key(monkeypatch):
     monkeypatch.delenv("DPEP_WORLD_KEY", raising=False)
-    bad = WorldSettings("torchrun", "0.0.0.0:29600").problems([4])
+    bad = WorldSettings("torchrun", TorchrunOptions("0.0.0.0:29600")).problems([4])
     assert len(bad) == 1 and "set DPEP_WORLD_KEY" in bad[0]
     monkeypatch.setenv("DPEP_WORLD_KEY", "00" * 16)
-    assert WorldSettings("torchrun", "0.0.0.0:29600").problems([4]) == []
-    assert WorldSettings("torchrun", "127.0.0.1:0", 2, 2).problems([4]) == []
+    assert WorldSettings("torchrun", TorchrunOptions("0.0.0.0:29600")).problems([4]) == []
+    assert WorldSettings("torchrun", TorchrunOptions("127.0.0.1:0", 2, 2)).problems([4]) == []
     assert WorldSettings().problems([1, 2, 4]) == []

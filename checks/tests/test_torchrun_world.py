@@ -14,7 +14,7 @@ from dpep_parity.checks.core.batches import Batch
 from dpep_parity.checks.core.batches import Request as R
 from dpep_parity.checks.core.topology import Layout
 from dpep_parity.checks.harness import world
-from dpep_parity.checks.harness.torchrun_world import TorchrunWorld
+from dpep_parity.checks.harness.torchrun_world import TorchrunOptions, TorchrunWorld
 from dpep_parity.checks.harness.world import WorldFailure, WorldSettings
 from dpep_parity.checks.judge.parity import run_example
 from dpep_parity.checks.tests.jobs import SkipOnRank
@@ -22,7 +22,7 @@ from dpep_parity.checks.tests.jobs_extra import DieOnRank, PidAndSum
 from dpep_parity.checks.tests.procs import running
 from dpep_parity.fixtures.build import fixture_path
 
-SETTINGS = WorldSettings("torchrun", "127.0.0.1:0", agents=2, nproc=2)
+SETTINGS = WorldSettings("torchrun", TorchrunOptions("127.0.0.1:0", 2, 2))
 
 
 @contextlib.contextmanager
