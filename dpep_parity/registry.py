@@ -52,30 +52,30 @@ class Registry(Mapping[str, T], Generic[T]):
         self._names = names or (lambda obj: (obj.name,))
         self.accept, self.order, self.check = accept, order, check
         self._code: dict[str, T] = {}
-        self._origin: dict[str, str] = {}
-        self._items: dict[str, T] | None = None
-        self._origins: dict[str, str] = {}
+        self._code_origin: dict[str, str] = {}     # where each of _code came from
+        self._items: dict[str, T] | None = None      # the merged view (code, scan, entry points)
+        self._origins: dict[str, str] = {}           # where each of _items came from
 
     # ---------------- registering in code
+    def _put(self, name: str, obj, origin: str) -> None:
+        self._code[name] = obj
+        self._code_origin[name] = origin
+        self._items = None                  # the merged view is rebuilt on the next read
+
     def register(self, obj: T, *, replace: bool = False) -> T:
         """Add an object (a decorator may call this). Names must be new unless `replace`."""
         self._validate(obj, "register()")
         for name in self._names(obj):
             if not replace and name in self._code:
                 raise RegistryError(f"{self.kind}: {name!r} is registered twice")
-            self._code[name] = obj
-            self._origin[name] = "register()"
-        if self._items is not None:         # already read: keep the merged view current
-            self._items = None
+            self._put(name, obj, "register()")
         return obj
 
     def refer(self, name: str, ref: str) -> None:
         """Register `name` as 'package.module:attr', imported on its first lookup."""
         if name in self._code:
             raise RegistryError(f"{self.kind}: {name!r} is registered twice")
-        self._code[name] = _Ref(ref)
-        self._origin[name] = ref
-        self._items = None
+        self._put(name, _Ref(ref), ref)
 
     def unregister(self, name: str) -> None:
         self._code.pop(name, None)
@@ -84,9 +84,7 @@ class Registry(Mapping[str, T], Generic[T]):
     def __setitem__(self, name: str, obj: T) -> None:
         """Replace (or add) one entry under `name`: what a test's monkeypatch.setitem does."""
         self._validate(obj, "setitem")
-        self._code[name] = obj
-        self._origin[name] = "setitem"
-        self._items = None
+        self._put(name, obj, "setitem")
 
     def __delitem__(self, name: str) -> None:
         self.unregister(name)
@@ -96,7 +94,7 @@ class Registry(Mapping[str, T], Generic[T]):
         if self._items is not None:
             return self._items
         items: dict[str, T] = dict(self._code)
-        origin = dict(self._origin)
+        origin = dict(self._code_origin)
         if self.package and self.attr:
             pkg = importlib.import_module(self.package)
             for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
@@ -111,9 +109,7 @@ class Registry(Mapping[str, T], Generic[T]):
                 obj = ep.load()
             except Exception as e:
                 raise RegistryError(f"{self.kind}: {where} failed to load: {type(e).__name__}: {e}") from e
-            obj = obj() if isinstance(obj, type) else obj     # a class: its instance (registries hold objects)
-            self._validate(obj, where)
-            self._add(items, origin, obj, where)
+            self._add(items, origin, self._materialize(obj, where), where)
         if self.order is not None:
             items = dict(sorted(items.items(), key=lambda kv: self.order(kv[1])))
         self._items, self._origins = items, origin
@@ -124,6 +120,13 @@ class Registry(Mapping[str, T], Generic[T]):
             if name in items and items[name] is not obj:
                 raise RegistryError(f"{self.kind}: {name!r} from {where} is already taken by {origin[name]}")
             items[name], origin[name] = obj, where
+
+    def _materialize(self, obj: Any, where: str) -> T:
+        """An entry point's or a reference's object: a class stands for its instance (registries hold
+        objects), checked like a registered one."""
+        obj = obj() if isinstance(obj, type) else obj
+        self._validate(obj, where)
+        return obj
 
     def _validate(self, obj: Any, where: str) -> None:
         if not isinstance(obj, self.accept):
@@ -153,9 +156,7 @@ class Registry(Mapping[str, T], Generic[T]):
         obj = items[name]
         if isinstance(obj, _Ref):
             mod, _, attr = obj.ref.partition(":")
-            obj = getattr(importlib.import_module(mod), attr)
-            obj = obj() if isinstance(obj, type) else obj     # a class: its instance (registries hold objects)
-            self._validate(obj, items[name].ref)
+            obj = self._materialize(getattr(importlib.import_module(mod), attr), obj.ref)
             items[name] = self._code[name] = obj
         return obj
 
