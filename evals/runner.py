@@ -19,7 +19,8 @@ from dpep_parity.evals.tasks import TaskSet
 
 
 def run_config(config, samples: dict[str, list[Sample]], taskset: TaskSet, out_dir: Path,
-               chunk_size: int = 8, progress: bool = True, opener=open_lm) -> dict[str, list[dict]]:
+               chunk_size: int = 8, progress: bool = True, opener=open_lm,
+               position: int = 0) -> dict[str, list[dict]]:
     fp = fingerprint(config, taskset.max_gen_toks)
     results: dict[str, list[dict]] = {}
     with contextlib.ExitStack() as stack:
@@ -29,7 +30,7 @@ def run_config(config, samples: dict[str, list[Sample]], taskset: TaskSet, out_d
             missing = [s for s in task_samples if cache.get(s.doc_id, s.prompt_hash) is None]
             bar = tqdm(total=len(task_samples), initial=len(task_samples) - len(missing), unit="doc",
                        desc=f"{config.name} {task}", file=sys.stderr, disable=not progress,
-                       dynamic_ncols=True, leave=True)
+                       dynamic_ncols=True, leave=True, position=position)
             stats = ServingStats(out_dir, config.name, task, fp)
             with bar:
                 for i in range(0, len(missing), chunk_size):

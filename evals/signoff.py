@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-served-drift", action="store_true",
                    help="skip the served-drift probe (the same prompts under other arrival orders, DP dispatch "
                         "and concurrency, per in-process configuration: a few seconds each)")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="runs served at once, each in a process of its own (default 0: the CPU cores when every "
+                        "run's engine can share the machine, as in-process engines on CPU can; else 1)")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="torch intra-op threads for in-process engines (1 is fastest for tiny models)")
 
@@ -76,6 +79,8 @@ def validate(args) -> tuple:
             raise MatrixError([f"--{t}-limit must be positive (use --tasks to skip a task)"])
     if args.max_gen_toks <= 0 or args.chunk_size <= 0:
         raise MatrixError(["--max-gen-toks and --chunk-size must be positive"])
+    if args.jobs < 0:
+        raise MatrixError([f"--jobs must be 0 (automatic) or positive, got {args.jobs}"])
     matrix = load_matrix(args.matrix)
     if args.margin is not None:
         if not args.margin > 0:
@@ -239,28 +244,32 @@ def stage_plan(s: SignOff) -> int | None:
 
 
 def stage_serve(s: SignOff) -> int | None:
-    """Every run, its finished samples cached as they come (a rerun resumes)."""
-    from dpep_parity.evals.runner import run_config
+    """Every run, its finished samples cached as they come (a rerun resumes); `--jobs` runs at once, each in a
+    process of its own (evals/jobs.py)."""
+    from dpep_parity.evals.jobs import Interrupted, RunFailed, default_jobs, serve_runs
 
     runs = [(c, s.samples) for c in s.configs]
     if s.truth:
         runs.insert(1, (s.truth, s.truth_todo))
-    for c, todo in runs:
-        t = time.monotonic()
-        try:
-            s.results[c.name] = run_config(c, todo, s.taskset, s.args.out, chunk_size=s.args.chunk_size,
-                                           progress=not s.args.no_progress)
-        except KeyboardInterrupt:
-            _err(f"interrupted during configuration {c.name!r}: finished samples are cached in {s.args.out}; "
-                 f"rerun the same command to resume")
-            return EXIT_INTERRUPTED
-        except Exception as e:  # noqa: BLE001 - any engine failure; Ctrl-C is handled above
-            if not isinstance(e, EngineError):
-                traceback.print_exc()
-            _err(f"configuration {c.name!r} failed: {type(e).__name__}: {e}\n(finished samples are cached "
-                 f"in {s.args.out}; rerun the same command to resume)")
-            return EXIT_ENGINE
-        s.timing[c.name] = round(time.monotonic() - t, 2)
+    jobs = s.args.jobs or default_jobs([c for c, _ in runs])
+    if jobs > 1:
+        print(f"Serving {len(runs)} runs, {min(jobs, len(runs))} at once (--jobs; each in a process of its own)")
+        sys.stdout.flush()
+    try:
+        for name, results, seconds in serve_runs(runs, s.taskset, s.args.out, s.args.chunk_size,
+                                                 not s.args.no_progress, jobs, s.args.torch_threads):
+            s.results[name], s.timing[name] = results, seconds
+    except Interrupted as i:
+        _err(f"interrupted during configuration {', '.join(map(repr, i.names)) or '(none started)'}: finished "
+             f"samples are cached in {s.args.out}; rerun the same command to resume")
+        return EXIT_INTERRUPTED
+    except RunFailed as f:
+        if not isinstance(f.error, EngineError):
+            traceback.print_exception(f.error)
+        _err(f"configuration {f.name!r} failed: {type(f.error).__name__}: {f.error}\n(finished samples are "
+             f"cached in {s.args.out}; rerun the same command to resume)")
+        return EXIT_ENGINE
+    s.timing = {c.name: s.timing[c.name] for c, _ in runs}     # the plan's order, whatever order they ended in
     return None
 
 

@@ -33,7 +33,15 @@ def pytest_generate_tests(metafunc):
     if "layout" in metafunc.fixturenames and "fixture" in metafunc.fixturenames:
         named = [f for f in metafunc.config.getoption("--models").split(",") if f] or sorted(DEFAULT_SUITE)
         cases = [(f, lay) for f in sorted(set(named)) if f in FIXTURES for lay in layouts_for(f, (1, 2, 4))]
-        metafunc.parametrize("fixture,layout", cases, ids=[f"{f}-{lay}" for f, lay in cases])
+        metafunc.parametrize("fixture,layout", [pytest.param(f, lay, id=f"{f}-{lay}", marks=tier(lay))
+                                                for f, lay in cases])
+
+
+def tier(layout) -> tuple:
+    """The repository's quick tier (checks/suite/tiers.py) sweeps one device and every layout with data-parallel
+    attention; the layouts of several ranks without it (TP and EP only) are in the slow tier, which CI also
+    runs. An engine's repository running this module has no tiers: it sweeps every layout."""
+    return (pytest.mark.slow,) if layout.dp == 1 and layout.tp > 1 else ()
 
 
 def extend_step(dp: int) -> Batch:

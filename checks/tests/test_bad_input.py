@@ -70,6 +70,7 @@ def run(argv: list[str], env: dict, tmp: Path) -> tuple[int, str, list[str]]:
     return p.returncode, (p.stdout + p.stderr).replace(str(port), "{port}"), started
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_refused_before_any_rank_starts(case, tmp_path):
     argv, env, code, says = CASES[case]
@@ -80,6 +81,7 @@ def test_bad_input_is_refused_before_any_rank_starts(case, tmp_path):
     assert "Traceback" not in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_the_rank_log_sees_ranks_that_do_start(tmp_path):
     """Positive control of the detector: a valid replay starts two ranks and both are logged."""
     rc, out, started = run(REPLAY + ["--layout", "tp2-dp2-ep1", "--batch", "dp0:0+3 dp1:idle"], {}, tmp_path)

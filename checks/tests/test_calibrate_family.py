@@ -3,6 +3,8 @@ the 1-ulp bias moves every element by one ulp and stays within the max-error bou
 target's other answers (units, skips) alone. Control: the unwrapped target passes the same example."""
 from __future__ import annotations
 
+import pytest
+
 from dpep_parity.checks.core.batches import parse_batch
 from dpep_parity.checks.core.topology import Layout
 from dpep_parity.checks.judge.parity import run_example
@@ -10,6 +12,7 @@ from dpep_parity.checks.tools import calibrate_family
 from dpep_parity.fixtures.build import fixture_path
 
 
+@pytest.mark.slow
 def test_planted_faults_on_one_example():
     model, batch = str(fixture_path("qwen3-moe")), parse_batch("dp0:0+24,3+20 seed=4")
     args = ("moe", model, Layout(1, 1, 1), batch, "bfloat16", 0)

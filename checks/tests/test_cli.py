@@ -43,6 +43,7 @@ def test_unknown_subcommand_is_a_usage_error(capsys):
     assert "invalid choice: 'nonexistent'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_subcommand_help_is_the_modules_own_under_the_name_typed():
     p = dpep("killtable", "--help")
     assert p.returncode == 0, p.stderr

@@ -23,6 +23,8 @@ import pytest
 
 from dpep_parity.registry import Registry, RegistryError
 
+pytestmark = pytest.mark.slow     # a whole sub-run per test (checks/suite/tiers.py)
+
 PLUGIN = {
     "__init__.py": '"""An outside package that adds one of each kind to dpep-parity (checks/tests/test_entry_points.py)."""\n',
     "unit.py": """

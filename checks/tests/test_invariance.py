@@ -68,6 +68,7 @@ def test_the_plain_spec_drifts_and_promises_nothing():
     assert not d.unjudged and d.changed, d.report()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("m", sorted(CATALOG))
 def test_the_search_kills_each_invariance_mutant_in_the_ci_profile(m):
     """The property itself (hypothesis, ci profile) finds a breaking pair, on the kinds the mutant names."""

@@ -80,6 +80,7 @@ def test_every_catalog_mutant_declares_known_properties():
         assert m.kills and set(m.kills) <= set(PROPERTIES), m.id
 
 
+@pytest.mark.slow
 def test_outside_targets_end_to_end(tmp_path):
     """A mutant named as an outside target is killed by its declared property, a target that does not import
     is an ERROR (not a kill), and the exit code is 1 because of it (no --check needed); the spec control passes."""

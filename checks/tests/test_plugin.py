@@ -45,6 +45,7 @@ def test_the_entry_point_is_the_plugin_module():
     assert project["entry-points"]["pytest11"] == {"dpep": MODULE}
 
 
+@pytest.mark.slow
 def test_pinned_examples_run_from_an_empty_directory(tmp_path, site):
     p = pytest_run(["-p", "dpep", "--pyargs", "dpep_parity.property_tests.test_parity", "-k", ONE_PIN], tmp_path, site)
     out = p.stdout + p.stderr
@@ -67,6 +68,7 @@ def test_a_bad_target_from_an_empty_directory_is_a_usage_error(tmp_path, site):
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("autoload", ["0", "1"], ids=["root-conftest", "entry-point"])
 def test_the_repository_loads_the_plugin_once(autoload, site):
     """With autoload off only the root conftest loads the plugin; with it on, pytest registers the entry point

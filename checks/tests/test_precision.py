@@ -111,6 +111,7 @@ def run_property(target: str, unit: str) -> subprocess.CompletedProcess:
                           timeout=600, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["checks.catalog.mutants:P01", "checks.catalog.mutants:P04"])
 def test_property_kills_precision_mutants(target):
     # attention and decoder: since the oracle runs an example's requests in one forward and inputs are drawn
@@ -123,6 +124,7 @@ def test_property_kills_precision_mutants(target):
 
 @pytest.mark.parametrize("variant", ["EXPERTS_REVERSED", "EXPERTS_FP32_ACCUMULATE", "ALL_REDUCE_BY_GATHER",
                                      "REDUCE_SCATTER_BY_ALL_REDUCE"])
+@pytest.mark.slow
 def test_property_passes_legitimate_variants(variant):
     r = run_property(f"checks.catalog.variants:{variant}", "decoder or test_moe")
     assert r.returncode == 0, r.stdout[-3000:]

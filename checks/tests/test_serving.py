@@ -147,6 +147,7 @@ def _sglang_missing():
     pytest.param("sglang", "round_robin", marks=pytest.mark.skipif(
         _sglang_missing() is not None, reason=f"sglang: {_sglang_missing()}")),
 ])
+@pytest.mark.slow
 def test_served_generation_matches_one_device_and_takes_the_dp_paths(model, target, policy):
     """sglang: SGLang's own model keeps the sessions' KV caches in its ReqToTokenPool / KV pool slots."""
     path, hf = model

@@ -58,10 +58,12 @@ FAMILY_KILLS = {
 }
 
 
+@pytest.mark.slow
 def test_broken_sglang_steps_are_caught():
     _kills("qwen3-moe", KILLS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", sorted(FAMILY_KILLS))
 def test_broken_steps_are_caught_in_every_family(fixture):
     _kills(fixture, FAMILY_KILLS[fixture])
@@ -86,6 +88,7 @@ def _kills(fixture: str, kills) -> None:
     assert not problems, "\n\n".join(problems)
 
 
+@pytest.mark.slow
 def test_a_router_renormalising_in_bfloat16_is_caught_by_its_weights():
     """SGLang's router weights, reported with its logits, pass the router-weights check in bfloat16 (they stay
     float32); S06 (renormalised in bfloat16, catalog P05's habit inside SGLang) fails [router], though its
@@ -102,6 +105,7 @@ def test_a_router_renormalising_in_bfloat16_is_caught_by_its_weights():
         assert router and not router[0].ok and "rounded more than once" in router[0].message, bad.report()
 
 
+@pytest.mark.slow
 def test_an_idle_rank_skipping_the_gathers_all_reduce_is_diagnosed_as_a_hang():
     """S07 (catalog B02's class inside SGLang): the idle DP rank returns from the SUM_LEN gather without entering
     its all-reduce, so the busy rank waits for it forever. The moe unit's world reports a liveness failure that
@@ -149,6 +153,7 @@ except NotImplementedError:
 """
 
 
+@pytest.mark.slow
 def test_finding_f3_torch_native_backend_has_no_fill_value():
     """F3 (docs/findings.md): the DP padding step asks the attention backend for the sequence length of padded
     requests; TorchNativeAttnBackend has no answer (no CPU method, the base class's CUDA method raises)."""
@@ -161,6 +166,7 @@ def _example(fixture, unit, layout, text, dtype="float32", layer=0):
                        layer, deadline_s=300)
 
 
+@pytest.mark.slow
 def test_findings_of_the_gpt_oss_and_minimax_files_reproduce():
     """F6 (MiniMax-M2's lm_head ignores dp-lm-head) and F8 (GPT-OSS's sinks kept in bf16) fail the suite's
     checks with their signatures, F6 recognised by `findings.explained` (the suite marks it expected); the same
@@ -194,6 +200,7 @@ def _shipped(*args):
             "0", "--batch", "dp0:0+3 seed=1"), "mat1 and mat2 must have the same dtype",
      ("gpt-oss", "moe", "tp1-dp1-ep1", "dp0:0+3 seed=1", "bfloat16", 0)),
 ])
+@pytest.mark.slow
 def test_findings_worked_around_reproduce_as_shipped(finding, args, signature, control):
     """With the workarounds off (SGLang as shipped) the finding's example crashes with its signature, and the
     same example passes through the target's workaround: F9 with config.json saying the served dtype, F7 with
@@ -204,6 +211,7 @@ def test_findings_worked_around_reproduce_as_shipped(finding, args, signature, c
     assert _example(fixture, unit, layout, batch, dtype=dtype, layer=layer).ok, finding
 
 
+@pytest.mark.slow
 def test_finding_f10_gpt_oss_loader_zeroes_its_input_and_builds_do_not_share_it():
     """F10 (docs/findings.md): GPT-OSS's load_weights zeroes the down-projection bias it is handed, in place, on
     MoE-TP ranks > 0. Negative control: at tp2 (MoE TP 2) rank 1's copy of that tensor comes back changed, rank

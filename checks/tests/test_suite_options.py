@@ -52,6 +52,7 @@ def test_valid_options_have_no_problem(opts):
     (["--world", "torchrun", "--world-agents", "2", "--world-nproc", "2", "--world-sizes", "1,4"],
      "has 4 ranks; run with --world-sizes 4"),
 ])
+@pytest.mark.slow
 def test_pytest_exits_4_before_collecting(args, says):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "property_tests", "-q", "-p", "no:cacheprovider",

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_a_case_the_target_skips_entirely_is_reported_skipped():
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     p = subprocess.run([sys.executable, "-m", "pytest", "property_tests/test_layout_sweep.py", "-p", "no:xdist",

@@ -22,6 +22,8 @@ from dpep_parity.checks.tests.jobs_extra import DieOnRank, PidAndSum
 from dpep_parity.checks.tests.procs import running
 from dpep_parity.fixtures.build import fixture_path
 
+pytestmark = pytest.mark.slow     # a whole sub-run per test (checks/suite/tiers.py)
+
 SETTINGS = WorldSettings("torchrun", TorchrunOptions("127.0.0.1:0", 2, 2))
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow     # a whole sub-run per test (checks/suite/tiers.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 ONE_PIN = "moe_pinned and noshared"
 

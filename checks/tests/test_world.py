@@ -101,6 +101,7 @@ def test_rank_error_returns_the_traceback_with_the_rank(world):
     assert not any(running(p) for p in pids)
 
 
+@pytest.mark.slow
 def test_ranks_left_waiting_on_a_raised_rank_end_soon_after_it():
     """A rank raised and the others wait outside every recorded collective: the world ends them after its
     after-error budget with the rank's traceback, instead of holding the example to its deadline (MiniMax-M2's
@@ -167,6 +168,7 @@ def test_a_group_playing_several_roles_is_named_by_all_of_them():
         assert "all_reduce on tp/moe_ep[0, 1, 2, 3]" in str(e.value), str(e.value)
 
 
+@pytest.mark.slow
 def test_a_world_with_modules_to_preload_restarts_from_a_process_that_imported_them(monkeypatch):
     """A CPU world whose target names modules to preload forks its ranks from the forkserver that imported them,
     so the world that replaces a hung one starts with them imported (the sglang target's ~10 s of imports per
@@ -203,6 +205,7 @@ def test_a_world_with_modules_to_preload_restarts_from_a_process_that_imported_t
             c.close()
 
 
+@pytest.mark.slow
 def test_set_up_has_its_own_deadline_apart_from_the_examples():
     """Time a rank spends in a marked set-up phase (recorder.setup_phase: imports, a model build) counts against
     the world's set-up deadline, not the example's: a set-up longer than the example's deadline passes, one

@@ -71,6 +71,11 @@ class Engine:
         missing package, an unimportable plug-in)."""
         return []
 
+    def concurrent(self, config) -> bool:
+        """May this configuration run beside another on this machine (`signoff --jobs`): its processes are its
+        own and it takes no GPU or server another run needs. Default no."""
+        return False
+
     def describe(self, config) -> str:
         """What the report's configuration table names as what runs (a target, a server)."""
         return self.name

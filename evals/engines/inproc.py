@@ -97,6 +97,11 @@ class InprocEngine(Engine):
     def describe(self, config) -> str:
         return config.options.target or config.options.factory
 
+    def concurrent(self, config) -> bool:
+        """The serving engine and transformers run on CPU in processes of their own; a plug-in factory's engine
+        is unknown, so it runs alone."""
+        return not config.options.factory
+
     def drift_target(self, config) -> str | None:
         o = config.options
         return None if o.factory or o.target in (None, HF_TARGET) else o.target

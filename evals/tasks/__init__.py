@@ -95,6 +95,11 @@ class TaskSet:
         self.max_gen_toks = int(max_gen_toks)
         self._memo: dict[tuple, object] = {}
 
+    def __getstate__(self) -> dict:
+        """Pickled without the memo (lm-eval's task objects hold lambdas): a job process of `signoff --jobs`
+        (evals/jobs.py) builds its own."""
+        return {**self.__dict__, "_memo": {}}
+
     def memo(self, key: tuple, build):
         if key not in self._memo:
             self._memo[key] = build()

@@ -75,3 +75,17 @@ def biased_engine(config):
 def scaled_engine(config):
     """Final-layer logits scaled by 2 (a reduction summed twice): argmax kept, log-probs drift."""
     return CountingEngine(HFForwardEngine(config.model_path, config.dtype), lambda x: 2.0 * x)
+
+
+def crashing_engine(config):
+    """Raises on its first forward, wherever it runs (a job process of `signoff --jobs` included: no state)."""
+    engine = CountingEngine(HFForwardEngine(config.model_path, config.dtype))
+    engine.forward = lambda requests: (_ for _ in ()).throw(SimulatedCrash("simulated engine failure"))
+    return engine
+
+
+def interrupting_engine(config):
+    """A Ctrl-C on its first forward, wherever it runs."""
+    engine = CountingEngine(HFForwardEngine(config.model_path, config.dtype))
+    engine.forward = lambda requests: (_ for _ in ()).throw(KeyboardInterrupt())
+    return engine

@@ -177,6 +177,7 @@ def test_planned_sizes_grow_with_flips_and_mdd_with_the_family():
     assert four[0]["mdd"]["1%"] > one[0]["mdd"]["1%"] > 0   # Holm over 12 tests, not 3
 
 
+@pytest.mark.slow
 def test_clustered_flips_are_judged_by_clusters():
     """Every flip of one subject counts once in the difference test (its p-value comes from the subjects'
     signs), and flips that cancel within subjects are no evidence of a difference."""

@@ -23,6 +23,8 @@ from dpep_parity.evals import gate as G
 from dpep_parity.evals import stats
 from dpep_parity.evals.simulate import Scenario, Sizes, fast_gate, per_token_rule, rates
 
+pytestmark = pytest.mark.slow     # a whole sub-run per test (checks/suite/tiers.py)
+
 ALPHA = 0.05
 RUNS = 60
 SIZES = Sizes(mmlu=600, gsm8k=800, gold_tokens=50, configs=4)   # the README main job (docs/evals.md)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dpep_parity.evals.__main__ import main
 
 MATRIX = """
@@ -46,6 +48,7 @@ ep = 2
 """
 
 
+@pytest.mark.slow
 def test_a_broken_invariance_promise_fails_and_drift_is_otherwise_reported(tmp_path, data_dir, capsys):
     m = tmp_path / "m.toml"
     m.write_text(MATRIX)

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dpep_parity.evals.__main__ import main
+
+pytestmark = pytest.mark.slow     # a whole sub-run per test (checks/suite/tiers.py)
 
 MATRIX = """
 [defaults]

@@ -103,6 +103,7 @@ def test_scaled_logits_fail_a_declared_drift_ceiling(tmp_path, tiny_model, data_
     assert any("log-likelihood drift" in r for r in mmlu["reasons"])
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_without_recomputing(tmp_path, tiny_model, data_dir, counting, capsys):
     m = write_matrix(tmp_path / "m.toml", tiny_model)
     args = ["signoff", "--matrix", str(m), "--data-dir", str(data_dir), "--tasks", "mmlu",
