@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -31,8 +32,14 @@ def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
     # the build backend of this environment when it has one (no download), else pip's isolated build
     isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+    # built from a copy: setuptools writes build/ and dpep_parity.egg-info into the tree it builds, and an
+    # egg-info left in the checkout declares entry points that a later pytest run loads (docs/architecture.md)
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "venv", "build", "dist", "*.egg-info", "reports", "runs", ".hypothesis", "__pycache__",
+        ".ruff_cache"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w",
-                    str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(tmp / "dist"), str(src)], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp / "dist").glob("dpep_parity-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
