@@ -16,22 +16,35 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 TIERS = ("quick", "slow", "all")
 
 
 def pytest_addoption(parser):
     parser.getgroup("dpep").addoption(
-        "--tier", default=os.environ.get("DPEP_TIER", "quick"), choices=TIERS,
-        help="the repository's tests to run: quick (default: tests not marked slow), slow (only those), all")
+        "--tier", default=None, choices=TIERS,
+        help="the repository's tests to run: quick (tests not marked slow; the default on the spec target), slow "
+             "(only those), all (the default on any other target); also DPEP_TIER")
+
+
+def tier_of(config) -> str:
+    """--tier, else DPEP_TIER, else quick on the spec target and all on any other."""
+    chosen = config.getoption("--tier") or os.environ.get("DPEP_TIER")
+    if chosen:
+        return chosen
+    return "quick" if config.getoption("--target", default="spec") == "spec" else "all"
 
 
 def pytest_configure(config):
+    if os.environ.get("DPEP_TIER") and os.environ["DPEP_TIER"] not in TIERS:
+        raise pytest.UsageError(f"DPEP_TIER={os.environ['DPEP_TIER']!r}: one of {', '.join(TIERS)}")
     config.addinivalue_line("markers", "slow: a whole sub-run, 9 s or more on 2 cores; deselected by --tier quick "
                                        "(the default), run by --tier slow|all (CI runs both tiers)")
 
 
 def pytest_report_header(config):
-    tier = config.getoption("--tier")
+    tier = tier_of(config)
     if named_by_id(config):
         return [f"dpep tier: {tier}, ignored: tests named by node id run whatever their tier"]
     what = {"quick": "tests marked slow deselected (--tier slow runs them, --tier all everything; CI runs both)",
@@ -44,7 +57,7 @@ def named_by_id(config) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    tier = config.getoption("--tier")
+    tier = tier_of(config)
     if tier == "all" or named_by_id(config):
         return
     keep, drop = [], []

@@ -20,6 +20,10 @@ def test_slow():
     pass
 """
 PLUGINS = ("-p", "no:dpep", "-p", "dpep_parity.checks.suite.tiers")
+TARGET_OPTION = """
+def pytest_addoption(parser):
+    parser.addoption("--target", default="spec")     # the suite plugin's option, which is off here
+"""
 
 
 def ran(result) -> set[str]:
@@ -41,6 +45,17 @@ def test_each_tier_runs_its_tests_and_the_two_tiers_run_every_test_once(pytester
     assert sum(len(c.items) for c in result.getcalls("pytest_deselected")) == deselected
 
 
+def test_a_run_against_another_target_than_the_spec_runs_every_test_unless_told(pytester, monkeypatch):
+    """The property suite against an engine (CI's `--target sglang`, the README's `--target mypkg.mod:T`) keeps
+    every case: the tiers are for this repository's own test command."""
+    monkeypatch.delenv("DPEP_TIER", raising=False)
+    pytester.makepyfile(test_tiers_two=TESTS)
+    pytester.makeconftest(TARGET_OPTION)
+    assert ran(pytester.inline_run(*PLUGINS, "--target", "sglang")) == {"test_quick", "test_slow"}
+    assert ran(pytester.inline_run(*PLUGINS, "--target", "spec")) == {"test_quick"}
+    assert ran(pytester.inline_run(*PLUGINS, "--target", "sglang", "--tier", "quick")) == {"test_quick"}
+
+
 def test_the_environment_chooses_the_tier_and_a_bad_tier_is_a_usage_error(pytester, monkeypatch):
     pytester.makepyfile(test_tiers_two=TESTS)
     monkeypatch.setenv("DPEP_TIER", "slow")
@@ -48,3 +63,7 @@ def test_the_environment_chooses_the_tier_and_a_bad_tier_is_a_usage_error(pytest
     result = pytester.runpytest(*PLUGINS, "--tier", "fast")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--tier*invalid choice*fast*"])
+    monkeypatch.setenv("DPEP_TIER", "fast")
+    result = pytester.runpytest(*PLUGINS)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*DPEP_TIER='fast'*"])
