@@ -1,9 +1,8 @@
 """The sign-off's runs served several at once, each configuration in a process of its own (`--jobs`).
 
 An in-process configuration on CPU is a client process (lm-eval's requests, the LM adapter, the serving
-engine's scheduler) and its ranks, which take turns: measured on the README's main job, a tp1 run kept 1.1 of
-the 2 cores busy and no configuration kept both busy all the time, so two configurations at once fill the
-machine (docs/evals.md, "Measured here"). Each job process gets the configuration, its samples and the task
+engine's scheduler) and its ranks, which take turns: measured on the README's main job, one run after another
+kept 141 % of the 2 cores busy and two at once 180 % (639 s -> 546 s wall; docs/evals.md, "Measured here"). Each job process gets the configuration, its samples and the task
 set (lm-eval's task objects are rebuilt there: they hold lambdas), runs `runner.run_config` exactly as the
 serial path does, and hands back the records; every chunk is cached by the job itself as it finishes, so a
 crash or Ctrl-C loses at most the chunks in flight and a rerun resumes. The pool's processes start by spawn:
@@ -84,16 +83,14 @@ def serve_runs(runs, taskset, out_dir: Path, chunk_size: int, progress: bool, jo
     Interrupted on Ctrl-C.
     `runs`: (config, samples per task). With jobs 1 every run is served here, one after another."""
     if jobs <= 1 or len(runs) <= 1:
-        from dpep_parity.evals.runner import run_config
         for config, todo in runs:
-            t = time.monotonic()
             try:
-                results = run_config(config, todo, taskset, out_dir, chunk_size=chunk_size, progress=progress)
+                results, seconds = _serve(config, todo, taskset, out_dir, chunk_size, progress)
             except KeyboardInterrupt:
                 raise Interrupted([config.name]) from None
             except Exception as e:  # noqa: BLE001 - named and handed to the caller
                 raise RunFailed(config.name, e) from e
-            yield config.name, results, round(time.monotonic() - t, 2)
+            yield config.name, results, seconds
         return
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx, initializer=_slot_init,
