@@ -8,10 +8,13 @@
   (after a short quiet period) with the rank, the collective and where every other rank is. A deadline
   backs this up for hangs outside collectives. After a hang the world is killed, no process left, and
   restarted on next use.
-- Ranks of a CPU world whose target names modules to preload (`preload_modules`: SGLang's imports, about 10 s a rank)
-  are forked from multiprocessing's forkserver, which imported them once; so a restart after a hang costs
-  a fork and a process group, not the imports again (docs/harness.md, "Recovering from a hang"). Other worlds,
-  and every CUDA world (CUDA must not be initialised before a fork), are spawned.
+- Ranks of a CPU world are forked from multiprocessing's forkserver, which imported the rank side once (this
+  module, torch.distributed, the unit job and the spec target: BASE_PRELOAD) and any modules the world's target
+  names to preload (`preload_modules`: SGLang's imports, about 10 s a rank); so a world's start, or its
+  restart after a hang, costs a fork and a process group, not the imports again (docs/harness.md,
+  "Recovering from a hang"; a spawned 4-rank world took 3.2 s to start here, a forked one 0.06 s). CUDA
+  worlds (CUDA must not be initialised before a fork), and every world under DPEP_WORLD_PRELOAD=off, are
+  spawned.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Callable
 
 from dpep_parity.checks.harness import transport
 from dpep_parity.checks.harness.recorder import Record, mismatches
@@ -222,12 +225,22 @@ class World:
         self.close()
 
     # ---------------- running examples ----------------
-    def run(self, job: Any, deadline_s: float | None = None) -> list[RankResult]:
-        """Run `job` (a picklable callable taking a RankContext) on every rank."""
+    def run(self, job: Any, deadline_s: float | None = None,
+            meanwhile: Callable[[], None] | None = None) -> list[RankResult]:
+        """Run `job` (a picklable callable taking a RankContext) on every rank. `meanwhile`: work of this
+        process to do while the ranks compute (the oracle's answer for the same example), before their results
+        are collected; its time is not on the example's deadline. Should it raise, the ranks are ended (their
+        job's results would be lost anyway) and the error goes to the caller."""
         self.start()
         payload = transport.dumps(job)
         for c in self._conns:
             c.send_bytes(payload)
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                self._discard(hung=True, died=False)
+                raise
         states = [_RankState() for _ in range(self.size)]
         deadline = time.monotonic() + (deadline_s or self.deadline_s)
         setup_since = None       # while some rank is in a set-up phase: when that began (not on the deadline)
@@ -475,10 +488,13 @@ def serve_jobs(conn, ctx: RankContext, send) -> bool:
 
 # ---------------- how rank processes start ----------------
 _FORKSERVER_PRELOAD: frozenset[str] = frozenset()
+# What every CPU rank imports, whatever its job: the forkserver imports it once per test process.
+BASE_PRELOAD = frozenset({"dpep_parity.checks.harness.world", "torch.distributed",
+                          "dpep_parity.checks.harness.unitjob", "dpep_parity.checks.targets.spec"})
 
 
 def _rank_context(device: str, preload: set[str]):
-    """spawn, or for a CPU world with modules to preload multiprocessing's forkserver with them preloaded.
+    """For a CPU world multiprocessing's forkserver with BASE_PRELOAD and `preload` preloaded; spawn for CUDA.
 
     The forkserver is one per process and imports its preload list when it starts; when a world asks for a
     module it lacks, it is stopped (after closing the worlds it forked) and the next rank start launches one
@@ -489,11 +505,11 @@ def _rank_context(device: str, preload: set[str]):
     it and reports the error as it always did. CUDA worlds spawn: a forked rank cannot initialise CUDA if the
     parent did, and importing a GPU library may."""
     global _FORKSERVER_PRELOAD
-    if (device != "cpu" or not preload or "fork" not in mp.get_all_start_methods()
+    if (device != "cpu" or "fork" not in mp.get_all_start_methods()
             or os.environ.get("DPEP_WORLD_PRELOAD") == "off"):      # off: every world spawns (an A/B, a doubt)
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    want = _FORKSERVER_PRELOAD | frozenset(preload) | {"dpep_parity.checks.harness.world", "torch.distributed"}
+    want = _FORKSERVER_PRELOAD | frozenset(preload) | BASE_PRELOAD
     if want != _FORKSERVER_PRELOAD:
         from multiprocessing import forkserver
         server = forkserver._forkserver

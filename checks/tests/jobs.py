@@ -86,3 +86,21 @@ class SleepInSetup:
             time.sleep(self.setup)
         time.sleep(self.after)
         return ctx.rank
+
+
+@dataclass(frozen=True)
+class SeesFile:
+    """Every rank waits up to `wait_s` for `path` to appear (written by the test process meanwhile) and
+    returns whether it did: true only when the test process worked while the ranks ran."""
+    path: str
+    wait_s: float
+
+    def __call__(self, ctx):
+        import os
+        import time
+        end = time.monotonic() + self.wait_s
+        while time.monotonic() < end:
+            if os.path.exists(self.path):
+                return True
+            time.sleep(0.01)
+        return False

@@ -8,21 +8,24 @@ import time
 import pytest
 
 from dpep_parity.checks.harness.world import World, WorldFailure
-from dpep_parity.checks.tests.jobs import RaiseOnRank, ShapeMismatch, SkipOnRank, Sleep, SumRanks
+from dpep_parity.checks.tests.jobs import RaiseOnRank, SeesFile, ShapeMismatch, SkipOnRank, Sleep, SumRanks
 from dpep_parity.checks.tests.jobs_extra import PidAndSum
 from dpep_parity.checks.tests.procs import running as running_anywhere
 
 
 def running(pid: int) -> bool:
-    """True while `pid` is a live (not zombie) child of this process: a pid reused by someone else is not
-    ours, and a zombie has exited."""
+    """True while `pid` is a live (not zombie) rank of this process: its child (spawned) or the child of its
+    forkserver (forked: checks.harness.world._rank_context). A pid reused by someone else is not ours, and a
+    zombie has exited."""
+    from multiprocessing import forkserver
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):
         return False
     state, ppid = fields[0], int(fields[1])
-    return ppid == os.getpid() and state not in ("Z", "X")
+    parents = {os.getpid(), getattr(forkserver._forkserver, "_forkserver_pid", None)}
+    return ppid in parents and state not in ("Z", "X")
 
 
 def line_of(job_cls, text: str) -> str:
@@ -138,6 +141,39 @@ def test_shape_mismatch_names_both_shapes(world):
     assert not any(running(p) for p in pids)
 
 
+def test_meanwhile_runs_in_this_process_while_the_ranks_compute(world, tmp_path):
+    """run(meanwhile=...) is how the oracle overlaps the target (checks.judge.parity.run_example): the ranks see
+    what it does before they return. Negative control: without it they never do."""
+    flag = tmp_path / "oracle-done"
+    assert [r.value for r in world.run(SeesFile(str(flag), 1.0))] == [False, False]
+    res = world.run(SeesFile(str(flag), 20.0), meanwhile=flag.touch)
+    assert [r.value for r in res] == [True, True]
+
+
+def test_meanwhile_time_is_not_on_the_examples_deadline(world):
+    """A slow oracle is no verdict on the target: the deadline counts from when meanwhile is done (a stuck
+    job still fails it: test_deadline_kills_a_stuck_example). The ranks take 3 s against a 2.5 s deadline
+    counted from the end of a 2 s meanwhile: counted from the send, it would have failed them at 2.5 s."""
+    res = world.run(Sleep(3), deadline_s=2.5, meanwhile=lambda: time.sleep(2))
+    assert [r.value for r in res] == [0, 1]
+
+
+class _Interrupt(BaseException):
+    pass
+
+
+def test_an_interrupt_in_meanwhile_ends_the_ranks_and_the_world_restarts(world):
+    pids, starts = world.start().pids(), world.starts
+
+    def interrupted():
+        raise _Interrupt()
+    with pytest.raises(_Interrupt):
+        world.run(Sleep(30), meanwhile=interrupted)
+    assert not any(running(p) for p in pids)
+    assert [r.value for r in world.run(SumRanks())] == [1.0, 1.0]
+    assert world.starts == starts + 1
+
+
 def test_deadline_kills_a_stuck_example(world):
     pids = world.start().pids()
     t0 = time.perf_counter()
@@ -173,10 +209,16 @@ def test_a_world_with_modules_to_preload_restarts_from_a_process_that_imported_t
     """A CPU world whose target names modules to preload forks its ranks from the forkserver that imported them,
     so the world that replaces a hung one starts with them imported (the sglang target's ~10 s of imports per
     rank: docs/harness.md, "Recovering from a hang"). The ranks see this process's environment as of the start,
-    as spawned ones do, and the hung ranks are ended. Controls: the same world spawned (no preload, or
-    DPEP_WORLD_PRELOAD=off) starts without the module."""
+    as spawned ones do, and the hung ranks are ended. Controls: a world naming no module starts without it
+    (forked from a server without it: xml.dom.minidom is in no rank's imports), and so does one spawned
+    (DPEP_WORLD_PRELOAD=off)."""
     from dpep_parity.checks.tests.jobs import LoadedModules
     probe = LoadedModules(("xml.dom.minidom",), env="DPEP_TEST_PROBE")   # a module no rank imports by itself
+    c = World(2, deadline_s=60)       # control, first: the forkserver's list only grows within a process
+    try:
+        assert [r.value[0] for r in c.run(probe)] == [[False]] * 2 and c.forked
+    finally:
+        c.close()
     w = World(2, deadline_s=60)
     w.preload = {"xml.dom.minidom"}
     try:
@@ -194,15 +236,13 @@ def test_a_world_with_modules_to_preload_restarts_from_a_process_that_imported_t
     finally:
         w.close()
     assert pids and not any(running_anywhere(p) for p in pids)          # closed: the forked ranks are ended too
-    for preload, env in ((set(), None), ({"xml.dom.minidom"}, "off")):       # controls: spawned
-        if env:
-            monkeypatch.setenv("DPEP_WORLD_PRELOAD", env)
-        c = World(2, deadline_s=60)
-        c.preload = preload
-        try:
-            assert [r.value[0] for r in c.run(probe)] == [[False]] * 2 and not c.forked
-        finally:
-            c.close()
+    monkeypatch.setenv("DPEP_WORLD_PRELOAD", "off")      # control: spawned, whatever the world names
+    c = World(2, deadline_s=60)
+    c.preload = {"xml.dom.minidom"}
+    try:
+        assert [r.value[0] for r in c.run(probe)] == [[False]] * 2 and not c.forked
+    finally:
+        c.close()
 
 
 @pytest.mark.slow
