@@ -210,10 +210,10 @@ class Oracle:
         pe = model.model.rotary_emb(h, pos)
         with _RouterTap(model) as tap:
             out = fn(model, h, pe, _causal_mask(longest, dt, dev))
-        rows = [out[b, r.prefix: r.total].cpu() for b, r in enumerate(reqs)]
-        taps = [[tap.probs(i, start=b * longest + r.prefix, stop=b * longest + r.total) for i in layers]
-                for b, r in enumerate(reqs)]
-        return _cat(rows, self.config.hidden_size, dt), taps
+        rows = _gather_rows(out, [(b, r.prefix, r.total) for b, r in enumerate(reqs)])
+        taps = _per_request([tap.spans(i, [(b * longest + r.prefix, b * longest + r.total)
+                                           for b, r in enumerate(reqs)]) for i in layers], len(reqs))
+        return rows, taps
 
     @torch.no_grad()
     def model(self, batch: Batch, token_ids: list[torch.Tensor]) -> UnitRef:
@@ -233,24 +233,23 @@ class Oracle:
         no request) -> logits and per-layer hidden states of the extend tokens, router probabilities of every
         token of each request."""
         n_layers = self.config.num_hidden_layers
-        logits, hidden, taps = [], [[] for _ in range(n_layers)], []
-        if ids is not None:
-            outs: dict[int, torch.Tensor] = {}
-            hooks = [layer.register_forward_hook(_keep_output(outs, i)) for i, layer in enumerate(model.model.layers)]
-            try:   # hooks, not output_hidden_states: its last entry is after the final norm
-                with _RouterTap(model) as tap:
-                    out = model(input_ids=ids.to(_dev(model)))
-            finally:
-                for h in hooks:
-                    h.remove()
-            width = ids.shape[1]
-            for b, (_, _, req) in enumerate(batch.requests_flat()):
-                logits.append(out.logits[b, req.prefix: req.total].cpu())
-                for i in range(n_layers):
-                    hidden[i].append(outs[i][b, req.prefix: req.total].cpu())
-                taps.append([tap.probs(i, start=b * width, stop=b * width + req.total) for i in range(n_layers)])
-        v, hs = self.config.vocab_size, self.config.hidden_size
-        return _cat(logits, v, dt), [_cat(h, hs, dt) for h in hidden], taps
+        reqs = [req for _, _, req in batch.requests_flat()]
+        if ids is None or not reqs:
+            v, hs = self.config.vocab_size, self.config.hidden_size
+            return _cat([], v, dt), [_cat([], hs, dt) for _ in range(n_layers)], []
+        outs: dict[int, torch.Tensor] = {}
+        hooks = [layer.register_forward_hook(_keep_output(outs, i)) for i, layer in enumerate(model.model.layers)]
+        try:   # hooks, not output_hidden_states: its last entry is after the final norm
+            with _RouterTap(model) as tap:
+                out = model(input_ids=ids.to(_dev(model)))
+        finally:
+            for h in hooks:
+                h.remove()
+        width = ids.shape[1]
+        extend = [(b, r.prefix, r.total) for b, r in enumerate(reqs)]
+        taps = _per_request([tap.spans(i, [(b * width, b * width + r.total) for b, r in enumerate(reqs)])
+                             for i in range(n_layers)], len(reqs))
+        return _gather_rows(out.logits, extend), [_gather_rows(outs[i], extend) for i in range(n_layers)], taps
 
     # The reference in the test dtype again, with the same rows computed among decoy rows or decoy requests:
     # GEMM blocking depends on the batch, so one token's rounding differs with its company (measured: a
@@ -340,6 +339,20 @@ def _keep_output(store: dict, i: int):
     return hook
 
 
+def _gather_rows(out: torch.Tensor, spans: list[tuple[int, int, int]]) -> torch.Tensor:
+    """Rows start:stop of sequence b of `out` [B, S, cols], for each (b, start, stop) in order, concatenated on the
+    CPU: one gather and one copy off the device (a copy per request cost a synchronisation each: docs/gpu.md)."""
+    width = out.shape[1]
+    idx = [b * width + p for b, start, stop in spans for p in range(start, stop)]
+    flat = out.reshape(-1, out.shape[-1])
+    return flat[torch.tensor(idx, dtype=torch.long, device=flat.device)].cpu()
+
+
+def _per_request(per_layer: list[list], n: int) -> list[list]:
+    """[layer][request] -> [request][layer]."""
+    return [[layer[q] for layer in per_layer] for q in range(n)]
+
+
 def _cat(rows: list[torch.Tensor], cols: int, dt) -> torch.Tensor:
     return torch.cat(rows) if rows else torch.zeros(0, cols, dtype=dt)
 
@@ -385,6 +398,14 @@ class _RouterTap:
         if layer not in self.logits:
             return None
         return torch.softmax(self.logits[layer][start:stop], dim=-1).cpu()
+
+    def spans(self, layer: int, spans: list[tuple[int, int]]) -> list:
+        """`probs` of each (start, stop) of `layer` (None each for a layer without a router), copied off the
+        device once: the softmax is per row, so each span's rows are what `probs(layer, start, stop)` gives."""
+        if layer not in self.logits:
+            return [None] * len(spans)
+        whole = torch.softmax(self.logits[layer], dim=-1).cpu()
+        return [whole[start:stop] for start, stop in spans]
 
     def __exit__(self, *exc):
         for h in self.handles:
