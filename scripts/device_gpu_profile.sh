@@ -4,10 +4,13 @@
 # Stages: smoke (two tiny examples on CUDA at 4 ranks; stops the run when they fail); tests (the property
 # suite on the tiny fixtures with the gpu profile, -n 4, while the production-size tier runs in one
 # process and the tolerance study in another, all on the one GPU; then split-K GEMMs through cuBLAS);
-# bench (the benchmark, alone on the GPU). `smoke tests` and `bench` each fit in one 10-minute call.
+# bench (the benchmark, alone on the GPU); ab (the benchmark of an older checkout at BEFORE=DIR and of this one,
+# alternating AB_ROUNDS times (default 2) on the same GPU: the before / after tables of docs/gpu.md). `smoke tests`, `bench` and `ab`
+# each fit in one 10-minute call.
 # Production-size weights are drawn from their seeds here, into DPEP_FIXTURE_CACHE (~5 GB).
 # Every stage has a time limit (SIGINT first, so pytest still prints its summary). Files in OUT:
-# summary.txt, tiny.log, tier.log, gemm.md, tolerance.md, tolerance.json, bench.md, bench.json.
+# summary.txt, tiny.log, tier.log, gemm.md, tolerance.md, tolerance.json, bench.md, bench.json,
+# ab-{before,after}-{1,2}.{md,json}.
 set -u
 STAGES="${*:-smoke tests bench}"
 . "$(dirname "$0")/device_common.sh" runs/gpu
@@ -55,5 +58,19 @@ if has bench; then   # alone on the GPU: its timings are the figures
   stamp bench
   lim 300 $PY -m checks.tools.bench_gpu bench --examples 16 --json "$OUT/bench.json" > "$OUT/bench.md" 2>&1
   echo "bench exit $?" >> "$S"
+fi
+if has ab; then      # BEFORE: an older checkout (git archive COMMIT | tar -x -C DIR), carried with the call
+  [ -d "${BEFORE:-}/checks" ] || { stamp "ab: BEFORE=${BEFORE:-} is not a checkout"; exit 2; }
+  lim 200 $PY -m fixtures build --large >> "$S" 2>&1
+  out=$(cd "$OUT" && pwd)
+  for i in $(seq "${AB_ROUNDS:-2}"); do
+    for side in before after; do
+      dir=.; [ $side = before ] && dir="$BEFORE"
+      stamp "ab: $side, round $i"
+      (cd "$dir" && lim 150 $PY -m checks.tools.bench_gpu bench --examples 16 --json "$out/ab-$side-$i.json") \
+        > "$out/ab-$side-$i.md" 2>&1
+      echo "ab $side $i exit $?" >> "$S"
+    done
+  done
 fi
 stamp done

@@ -8,8 +8,8 @@
 CUDA tensors for 2 and 4; `--device cpu` for the CPU tier on a tiny fixture), layout tp = dp = ep = N,
 batches with idle and decoding DP ranks, any of the units moe, attention, decoder, model. Per example the
 suite's wall time (as checks.judge.parity.run_example) in parts: the target's rank compute, its collectives, the
-harness, the oracle's float64 truth, reference and decoy variants, and the judge; against the baseline of
-one fused single-device forward of the same rows (transformers' layer or model in the test dtype with its
+harness, the oracle's float64 truth, reference and decoy variants (computed while the ranks compute on CPU;
+after them on a GPU, which the two processes would share), and the judge; against the baseline of one fused single-device forward of the same rows (transformers' layer or model in the test dtype with its
 grouped-GEMM experts, all requests in one batch). Warm-up examples (builds, model loads) are not counted.
 
 `tolerance`: per fixture, unit, layout and batch, the reference's own error (|ref - truth| in ulps of the
@@ -99,34 +99,48 @@ def study_batches(dp: int) -> dict[str, Batch]:
 
 # ---------------- one example, timed in parts ----------------
 def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=120.0) -> tuple[ParityResult, dict]:
-    """As checks.judge.parity.run_example, timed in parts (seconds): `world` (World.run wall), `target` (the slowest
-    rank's job less its collectives), `collectives` (that rank's host time inside them), `harness` (the world's
-    wall less the slowest rank's job: pickling, pipes, records), `truth`, `reference`, `variants` (the oracle's
-    phases, CUDA-synchronized), `judge` (the verdict, oracle outputs at hand)."""
+    """As checks.judge.parity.run_example (the oracle computed while the ranks compute where
+    checks.judge.parity.overlaps_oracle says so: CPU ranks; after them otherwise), timed in parts (seconds):
+    `world` (World.run wall, the oracle inside it when overlapped), `target` (the slowest rank's job less its
+    collectives), `collectives` (that rank's host time inside them), `oracle` (the oracle's whole call) and its
+    phases `truth`, `reference`, `variants` (CUDA-synchronized), `harness` (the world's wall less the slowest
+    rank's job, or less the oracle when that was longer and overlapped: pickling, pipes, records), `judge` (the
+    verdict, the oracle's answer at hand), `example` (the whole)."""
     from dpep_parity.checks.harness.world import RankResult
-    from dpep_parity.checks.judge.parity import oracle_outputs
+    from dpep_parity.checks.judge.parity import oracle_outputs, overlaps_oracle
     from dpep_parity.checks.oracle import reference
     config, _ = load_weights(path)
     validate(layout, config)
     res = ParityResult(unit, layout, batch, dtype)
     world = get_world(layout.tp, device, deadline_s)
-    t0 = time.perf_counter()
-    raw = world.run(CollectiveSeconds(UnitJob(target, unit, path, layout, batch, dtype, 0)))
-    t1 = time.perf_counter()
-    results = [RankResult(r.rank, r.value[0], r.records, r.seconds) for r in raw]
-    slowest = max(raw, key=lambda r: r.seconds)
-    reference.PROFILE = prof = {}
-    try:
+    spans = {}
+
+    def oracle():
+        t = time.perf_counter()
         oracle_outputs(path, dtype, world.rank_device, None, unit, 0, batch)
+        spans["oracle"] = time.perf_counter() - t
+
+    overlap = overlaps_oracle(world)
+    reference.PROFILE = prof = {}
+    t0 = time.perf_counter()
+    try:
+        raw = world.run(CollectiveSeconds(UnitJob(target, unit, path, layout, batch, dtype, 0)),
+                        meanwhile=oracle if overlap else None)
+        t1 = time.perf_counter()
+        if not overlap:
+            oracle()
     finally:
         reference.PROFILE = None
     t2 = time.perf_counter()
+    results = [RankResult(r.rank, r.value[0], r.records, r.seconds) for r in raw]
+    slowest = max(raw, key=lambda r: r.seconds)
     judge(res, results, config, path, 0, device=world.rank_device)
     t3 = time.perf_counter()
+    busy = max(slowest.seconds, spans["oracle"]) if overlap else slowest.seconds
     parts = dict(world=t1 - t0, target=slowest.seconds - slowest.value[1], collectives=slowest.value[1],
-                 harness=(t1 - t0) - slowest.seconds, truth=prof.get("truth", 0.0),
+                 harness=max(0.0, (t1 - t0) - busy), truth=prof.get("truth", 0.0),
                  reference=prof.get("reference", 0.0), variants=prof.get("variants", 0.0),
-                 oracle=t2 - t1, judge=t3 - t2, example=t3 - t0)
+                 oracle=spans["oracle"], judge=t3 - t2, example=t3 - t0)
     return res, parts, world
 
 
