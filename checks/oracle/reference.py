@@ -394,18 +394,16 @@ class _RouterTap:
             self.logits[i] = self.choice(mod, logits.detach().reshape(-1, logits.shape[-1]), inp)
         return hook
 
-    def probs(self, layer: int, start: int = 0, stop: int | None = None):
+    def probs(self, layer: int):
         if layer not in self.logits:
             return None
-        return torch.softmax(self.logits[layer][start:stop], dim=-1).cpu()
+        return torch.softmax(self.logits[layer], dim=-1).cpu()
 
     def spans(self, layer: int, spans: list[tuple[int, int]]) -> list:
-        """`probs` of each (start, stop) of `layer` (None each for a layer without a router), copied off the
-        device once: the softmax is per row, so each span's rows are what `probs(layer, start, stop)` gives."""
-        if layer not in self.logits:
-            return [None] * len(spans)
-        whole = torch.softmax(self.logits[layer], dim=-1).cpu()
-        return [whole[start:stop] for start, stop in spans]
+        """Rows start:stop of `probs(layer)` for each (start, stop) (None each for a layer without a router): one
+        softmax and one copy off the device per layer, the softmax being per row."""
+        whole = self.probs(layer)
+        return [None if whole is None else whole[start:stop] for start, stop in spans]
 
     def __exit__(self, *exc):
         for h in self.handles:
