@@ -142,6 +142,36 @@ def test_large_pinned(gpu, unit, fixture, layout, batch, dtype):
           f"{res.verdict.tie_rows}/{res.verdict.rows} tie rows")
 
 
+def test_oracle_answers_are_settled_cpu_rows_equal_to_synchronous_copies(gpu):
+    """The oracle queues its copies to and from the GPU without waiting (checks/oracle/reference.py: `_to_host`,
+    `_to_device`, `_settled`): what its calls return is on the CPU, complete, and equal bit for bit to the same
+    forwards copied back one synchronous `.cpu()` at a time, for the truth, the reference, the router taps and
+    the decoys, on the production-size MoE block."""
+    import torch
+
+    from dpep_parity.checks import units
+    from dpep_parity.checks.harness.unitjob import load_weights
+    from dpep_parity.checks.oracle.reference import Oracle, _RouterTap
+    path, dtype = str(fixture_path(QWEN3)), DTYPES[0]
+    config, _ = load_weights(path)
+    o = Oracle(path, dtype, gpu.device)
+    batch = Batch(((R(0, 24), R(0, 8)), tuple(R(16 + j, 1) for j in range(8))), seed=5)
+    moe = units.get("moe")
+    x = moe.global_inputs(batch, config, o.dtype)[0]
+    got, decoys = o.mlp(0, x), o.decoy_rows(0, batch, x)
+    for name, model, dt, out, probs in (("truth", o.truth_model, torch.float64, got.truth, got.router[0][0]),
+                                        ("reference", o.ref_model, o.dtype, got.ref, got.router[0][1])):
+        with torch.no_grad(), _RouterTap(model) as tap:
+            want = model.model.layers[0].mlp(x.to(dt).to(next(model.parameters()).device)[None])
+            want = (want[0] if isinstance(want, tuple) else want).reshape(x.shape[0], -1).cpu()
+            want_probs = torch.softmax(tap.logits[0], dim=-1).cpu()
+        assert out.device.type == "cpu" and torch.equal(out, want), name
+        assert torch.equal(probs, want_probs), f"{name} router probabilities"
+    assert all(d.device.type == "cpu" and d.shape == got.ref.shape and torch.isfinite(d.float()).all()
+               for d in decoys)
+    assert torch.equal(decoys[0], o.decoy_rows(0, batch, x)[0])     # settled: the same answer twice
+
+
 # ---------------- the catalog at production size ----------------
 KILLS = [
     ("B14", "moe", QWEN3, Layout(4, 2, 2), DECODE_UNEVEN2),       # double reduction (MAX_LEN)

@@ -205,8 +205,12 @@ def first_replicas(clusters: Sequence[object], rows: torch.Tensor) -> torch.Tens
     """Of `rows` (indices, in order), those that are the first of their cluster: replicas of one token (every
     attention-TP rank returns its DP group's rows) count once."""
     seen: set = set()
-    return torch.tensor([int(i) for i in rows if not (clusters[int(i)] in seen or seen.add(clusters[int(i)]))],
-                        dtype=torch.long)
+    first = []
+    for i in rows.tolist():      # a list, not the tensor: iterating a tensor makes one tensor per row
+        if clusters[i] not in seen:
+            seen.add(clusters[i])
+            first.append(i)
+    return torch.tensor(first, dtype=torch.long)
 
 
 def _rms(t: torch.Tensor) -> torch.Tensor:

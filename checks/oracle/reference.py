@@ -40,9 +40,12 @@ class UnitRef:
     layers_ref: list[torch.Tensor] = field(default_factory=list)
 
 
-# Seconds per oracle phase ("truth", "reference", "variants"), CUDA-synchronized, while checks.tools.bench_gpu sets a
-# dict here; None (the default) costs nothing.
+# Seconds per oracle phase ("truth", "reference", "variants") while checks.tools.bench_gpu sets a dict here; None
+# (the default) costs nothing. On CUDA a phase is timed by CUDA events on its device's stream (the GPU's time from
+# the phase's first queued kernel to its last), settled when the Oracle's call returns: synchronizing at every
+# phase boundary would stop the next phase's kernels being queued while the last one's run, which is what is timed.
 PROFILE: dict[str, float] | None = None
+_PENDING: list = []     # (name, start event, end event) of CUDA phases not yet settled
 
 
 @contextlib.contextmanager
@@ -50,16 +53,31 @@ def phase(name: str, device):
     if PROFILE is None:
         yield
         return
-    cuda = torch.device(device).type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
+    device = torch.device(device)
+    if device.type == "cuda":
+        stream = torch.cuda.current_stream(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        try:
+            yield
+        finally:
+            end.record(stream)
+            _PENDING.append((name, start, end))
+        return
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        if cuda:
-            torch.cuda.synchronize(device)
         PROFILE[name] = PROFILE.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _settle_profile() -> None:
+    """The CUDA phases' times into PROFILE (their events have completed: called after a synchronization)."""
+    while _PENDING:
+        name, start, end = _PENDING.pop(0)
+        end.synchronize()
+        if PROFILE is not None:
+            PROFILE[name] = PROFILE.get(name, 0.0) + start.elapsed_time(end) / 1e3
 
 
 def _timed(name: str):
@@ -70,6 +88,36 @@ def _timed(name: str):
                 return fn(self, *a, **kw)
         return timed
     return deco
+
+
+def _settled(fn):
+    """An Oracle method whose results are on the CPU when it returns. Inside, copies to and from a CUDA device
+    are queued without waiting (`_to_device`, `_to_host`), so that the CPU queues a forward's kernels while the
+    last one's still run; a copy that waited (a pageable copy, `.cpu()`) drained the GPU at every request,
+    phase and router tap. Here, on the way out, one synchronization of the oracle's devices makes every queued
+    copy complete before anyone reads it."""
+    @functools.wraps(fn)
+    def settled(self, *a, **kw):
+        out = fn(self, *a, **kw)
+        for dev in {_dev(self.truth_model), _dev(self.ref_model)}:
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        _settle_profile()
+        return out
+    return settled
+
+
+def _to_host(x: torch.Tensor) -> torch.Tensor:
+    """`x` on the CPU; from CUDA a copy queued behind the kernels that make `x`, into pinned memory, that the
+    CPU may read only after the device's synchronization (`_settled`)."""
+    return x.to("cpu", non_blocking=True) if x.is_cuda else x
+
+
+def _to_device(x: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """`x` (CPU) on `dev`; to CUDA through pinned memory, queued without waiting for the kernels before it (a
+    copy from pageable memory synchronizes the stream first). torch's pinned-memory cache keeps the staging
+    buffer until the copy has run."""
+    return x.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else x.to(dev)
 
 
 @functools.lru_cache(maxsize=8)
@@ -170,17 +218,19 @@ class Oracle:
                 yield model, dt
 
     @torch.no_grad()
+    @_settled
     def mlp(self, layer: int, x: torch.Tensor) -> UnitRef:
         """The layer's MLP block (sparse MoE or dense) on rows x [rows, hidden]."""
         outs, probs = [], []
         for model, dt in self._both():
             block = model.model.layers[layer].mlp
             with _RouterTap(model) as tap:
-                outs.append(_hidden(block(x.to(dt).to(_dev(model))[None])).reshape(x.shape[0], -1).cpu())
+                outs.append(_to_host(_hidden(block(_to_device(x.to(dt), _dev(model))[None])).reshape(x.shape[0], -1)))
             probs.append(tap.probs(layer))
         return UnitRef(outs[0], outs[1], [tuple(probs)] if probs[0] is not None else [])
 
     @torch.no_grad()
+    @_settled
     def per_request(self, batch: Batch, seqs: list[torch.Tensor], fn, layers: list[int]) -> UnitRef:
         """`fn(model, h, position_embeddings, mask)` on the requests' sequences (prefix + extend); the extend rows,
         and the router probabilities of `layers` (the sparse ones among them).
@@ -204,7 +254,7 @@ class Oracle:
         if not reqs:
             return _cat([], self.config.hidden_size, dt), []
         dev = _dev(model)
-        h = pad_sequence([t.to(dt) for t in [*seqs, *extra]], batch_first=True).to(dev)   # zeros after each
+        h = _to_device(pad_sequence([t.to(dt) for t in [*seqs, *extra]], batch_first=True), dev)   # zeros after each
         longest = h.shape[1]
         pos = torch.arange(longest, device=dev)[None].expand(h.shape[0], -1)
         pe = model.model.rotary_emb(h, pos)
@@ -216,6 +266,7 @@ class Oracle:
         return rows, taps
 
     @torch.no_grad()
+    @_settled
     def model(self, batch: Batch, token_ids: list[torch.Tensor]) -> UnitRef:
         """Logits of every extend token, per-layer hidden states, and router probabilities of every token
         (prefix tokens included: a tie in the prefix changes the cache the extend tokens attend to). Every
@@ -241,7 +292,7 @@ class Oracle:
         hooks = [layer.register_forward_hook(_keep_output(outs, i)) for i, layer in enumerate(model.model.layers)]
         try:   # hooks, not output_hidden_states: its last entry is after the final norm
             with _RouterTap(model) as tap:
-                out = model(input_ids=ids.to(_dev(model)))
+                out = model(input_ids=_to_device(ids, _dev(model)))
         finally:
             for h in hooks:
                 h.remove()
@@ -261,6 +312,7 @@ class Oracle:
         return experts_as(self.ref_model, self.decoy_experts)
 
     @torch.no_grad()
+    @_settled
     @_timed("variants")
     def decoy_rows(self, layer: int, batch: Batch, x: torch.Tensor) -> list[torch.Tensor]:
         """The layer's MLP block on rows x among 1 and among 7 random decoy rows."""
@@ -271,10 +323,12 @@ class Oracle:
         for extra in (1, 7):
             decoys = torch.randn(extra, x.shape[1], generator=g, dtype=torch.float64).to(dt)
             with self._decoy_experts() if extra == 7 else contextlib.nullcontext():
-                out.append(_hidden(block(torch.cat([x.to(dt), decoys]).to(_dev(model))[None]))[0, : x.shape[0]].cpu())
+                out.append(_to_host(_hidden(block(_to_device(torch.cat([x.to(dt), decoys]), _dev(model))[None]))
+                                    [0, : x.shape[0]]))
         return out
 
     @torch.no_grad()
+    @_settled
     @_timed("variants")
     def decoy_sequences(self, batch: Batch, seqs: list[torch.Tensor], fn) -> list[torch.Tensor]:
         """`fn` (as for per_request) on all requests batched with two random decoy sequences of the longest's
@@ -287,6 +341,7 @@ class Oracle:
         return [rows]
 
     @torch.no_grad()
+    @_settled
     @_timed("variants")
     def decoy_tokens(self, batch: Batch, token_ids: list[torch.Tensor]) -> list[torch.Tensor]:
         """The model's logits of all requests batched with two random decoy requests of the longest's length."""
@@ -341,11 +396,12 @@ def _keep_output(store: dict, i: int):
 
 def _gather_rows(out: torch.Tensor, spans: list[tuple[int, int, int]]) -> torch.Tensor:
     """Rows start:stop of sequence b of `out` [B, S, cols], for each (b, start, stop) in order, concatenated on the
-    CPU: one gather and one copy off the device (a copy per request cost a synchronisation each: docs/gpu.md)."""
+    CPU: one gather and one copy off the device, queued (`_to_host`; a copy per request cost a synchronisation
+    each: docs/gpu.md)."""
     width = out.shape[1]
     idx = [b * width + p for b, start, stop in spans for p in range(start, stop)]
     flat = out.reshape(-1, out.shape[-1])
-    return flat[torch.tensor(idx, dtype=torch.long, device=flat.device)].cpu()
+    return _to_host(flat[_to_device(torch.tensor(idx, dtype=torch.long), flat.device)])
 
 
 def _per_request(per_layer: list[list], n: int) -> list[list]:
@@ -397,7 +453,7 @@ class _RouterTap:
     def probs(self, layer: int):
         if layer not in self.logits:
             return None
-        return torch.softmax(self.logits[layer], dim=-1).cpu()
+        return _to_host(torch.softmax(self.logits[layer], dim=-1))
 
     def spans(self, layer: int, spans: list[tuple[int, int]]) -> list:
         """Rows start:stop of `probs(layer)` for each (start, stop) (None each for a layer without a router): one

@@ -130,3 +130,26 @@ def test_padding_rule_at_a_tie_passes_a_declared_policy_and_fails_an_undeclared_
     assert rule("TARGET")               # positive control: SUM_LEN at the tie, declared
     assert not rule("UNDECLARED")       # the same padding, not declared: the default MAX_LEN policy is broken
     assert not rule("DECLARED_ONLY")    # declared SUM_LEN, pads MAX_LEN (the spec's policy): not kept
+
+
+def test_dispatch_counts_pass_the_oracles_routing_and_flag_padded_rows_and_unknown_experts():
+    """The per-expert dispatch counts: the oracle's own routing passes (split over two EP ranks, counts keyed by
+    int or str); a padded row dispatched to an expert fails; an expert id outside the model fails by name."""
+    from dpep_parity.checks.core.batches import Batch, Request
+    from dpep_parity.checks.judge.parity import dispatch_check
+    from dpep_parity.checks.oracle.reference import UnitRef
+    probs = torch.tensor([[0.50, 0.30, 0.15, 0.05],
+                          [0.10, 0.20, 0.30, 0.40],
+                          [0.05, 0.60, 0.25, 0.10]], dtype=torch.float64)   # top-2: {0,1}, {3,2}, {1,2}
+    uref = UnitRef(torch.zeros(3, 4), torch.zeros(3, 4), [([probs], [probs])])
+    batch, lay, config = Batch(((Request(0, 3),),), seed=0), Layout(2, 1, 2), {"num_experts": 4}
+    none = torch.zeros(3, dtype=torch.bool)
+
+    def check(*per_rank):
+        return dispatch_check([RankResult(r, {"expert_counts": c}, [], 0.0) for r, c in enumerate(per_rank)],
+                              uref, lay, config, batch, torch.float32, none, 2)
+    assert check({0: 1, 1: 2}, {"2": 2, "3": 1}).ok
+    padded = check({0: 2, 1: 2}, {2: 2, 3: 1})          # a pad row routed to expert 0
+    assert not padded.ok and "+1 rows" in padded.message
+    unknown = check({0: 1, 1: 2}, {2: 2, 3: 1, 4: 1})
+    assert not unknown.ok and "[4]" in unknown.message and "outside 0..3" in unknown.message

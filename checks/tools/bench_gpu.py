@@ -103,7 +103,7 @@ def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=1
     checks.judge.parity.overlaps_oracle says so: CPU ranks; after them otherwise), timed in parts (seconds):
     `world` (World.run wall, the oracle inside it when overlapped), `target` (the slowest rank's job less its
     collectives), `collectives` (that rank's host time inside them), `oracle` (the oracle's whole call) and its
-    phases `truth`, `reference`, `variants` (CUDA-synchronized), `harness` (the world's wall less the slowest
+    phases `truth`, `reference`, `variants` (on CUDA the GPU time between events at their ends, reference.phase), `harness` (the world's wall less the slowest
     rank's job, or less the oracle when that was longer and overlapped: pickling, pipes, records), `judge` (the
     verdict, the oracle's answer at hand), `example` (the whole)."""
     from dpep_parity.checks.harness.world import RankResult
