@@ -99,7 +99,18 @@ def pytest_report_header(config):
             f"world={config.getoption('--world')} "
             f"hypothesis profile={settings.get_current_profile_name()} "
             f"(max_examples={settings.default.max_examples})",
-            device_header(opts.device, list(opts.world_sizes), config), *families_header(opts)]
+            device_header(opts.device, list(opts.world_sizes), config), *families_header(opts),
+            *target_header(opts)]
+
+
+def target_header(opts) -> list[str]:
+    """What the target says of itself on this device (an optional `report_header(device)`)."""
+    from dpep_parity.checks.targets.protocol import resolve
+    try:
+        header = getattr(resolve(opts.target), "report_header", None)
+        return list(header(opts.device)) if header else []
+    except Exception as e:      # noqa: BLE001 -- a header must not stop the run; the suite's checks report it
+        return [f"dpep: the target's header failed: {type(e).__name__}: {e}"]
 
 
 def families_header(opts) -> list[str]:

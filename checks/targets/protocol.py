@@ -154,7 +154,7 @@ class Route:
 
     def rows(self, start: int, n: int) -> Route:
         ids, order = self.ids[start: start + n].sort(dim=-1)
-        w = None if self.weights is None else self.weights[start: start + n].gather(1, order)
+        w = None if self.weights is None else self.weights[start: start + n].gather(1, order.to(self.weights.device))
         lg = None if self.logits is None else self.logits[start: start + n]
         return Route(ids.clone(), None if w is None else w.clone(), None if lg is None else lg.clone())
 

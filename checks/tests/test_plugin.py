@@ -86,3 +86,23 @@ def test_property_searches_get_a_timeout_scaled_to_their_example_count():
     assert scaled_timeout(900, 12) == 900 and scaled_timeout(900, 4) == 900      # ci and smaller: as configured
     assert scaled_timeout(900, 500) == 900 * 500 / 12                            # fuzz: 37,500 s
     assert scaled_timeout(0, 500) == 0                                           # no timeout stays none
+
+
+def test_the_header_carries_what_a_target_says_of_itself_and_survives_a_broken_one():
+    from types import SimpleNamespace
+
+    from dpep_parity.checks.suite.pytest_plugin import target_header
+
+    class Says:
+        @staticmethod
+        def report_header(device):
+            return [f"kernels on {device}"]
+
+    class Breaks:
+        def report_header(self, device):
+            raise RuntimeError("no GPU")
+
+    assert target_header(SimpleNamespace(target=Says(), device="cuda")) == ["kernels on cuda"]
+    assert target_header(SimpleNamespace(target=object(), device="cuda")) == []
+    assert target_header(SimpleNamespace(target=Breaks(), device="cuda")) == [
+        "dpep: the target's header failed: RuntimeError: no GPU"]

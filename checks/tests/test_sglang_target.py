@@ -228,3 +228,47 @@ def test_finding_f10_gpt_oss_loader_zeroes_its_input_and_builds_do_not_share_it(
     assert ep == [[], []], ep
     for layout in ("tp2", "tp2-dp1-ep2"):      # in this order, on the same world
         assert _example("gpt-oss", "moe", layout, "dp0:0+3,2+2 seed=5", layer=1).ok, layout
+
+
+def test_a_fused_op_whose_cuda_path_calls_a_stand_in_kernel_runs_its_native_forward_named(monkeypatch):
+    """On CUDA without sgl_kernel (issue 34), cpu_shims.guard_standin_kernels: an SGLang fused op whose dispatched
+    path calls a stand-in kernel runs its own forward_native and is named in REPLACED. Negative controls: unguarded
+    the stand-in raises; a guarded op whose path fails otherwise still raises; one whose path works is kept."""
+    import torch
+    from sglang.kernels.fused_op import BaseFusedOp
+
+    from dpep_parity.checks.targets.protocol import HarnessFault
+    from dpep_parity.checks.targets.sglang import cpu_shims
+    monkeypatch.setattr(cpu_shims, "REPLACED", {})
+
+    def ops():
+        class Norm(BaseFusedOp):            # a CUDA path that calls sgl_kernel, as RMSNorm.forward_cuda does
+            def forward_native(self, x):
+                return x * 2
+
+            def forward_cuda(self, x):
+                return cpu_shims._Unavailable("sgl_kernel.rmsnorm", "absent")(x)
+
+            def _resolve_forward_method(self):      # what SGLang's dispatch picks on a CUDA platform
+                return self.forward_cuda
+
+        class Broken(Norm):
+            def forward_cuda(self, x):
+                raise HarnessFault("some other harness fault")
+
+        class Working(Norm):
+            def forward_cuda(self, x):
+                return x + 1
+        return Norm, Broken, Working
+
+    Norm, Broken, Working = ops()
+    x = torch.ones(2)
+    with pytest.raises(HarnessFault, match="sgl_kernel.rmsnorm was called"):
+        Norm()(x)
+    for cls in (Norm, Broken, Working):
+        cpu_shims.guard_standin_kernels(cls)
+    assert torch.equal(Norm()(x), x * 2)
+    assert cpu_shims.REPLACED == {"Norm.forward_cuda": "sgl_kernel.rmsnorm"}
+    with pytest.raises(HarnessFault, match="some other"):
+        Broken()(x)
+    assert torch.equal(Working()(x), x + 1) and "Working.forward_cuda" not in cpu_shims.REPLACED

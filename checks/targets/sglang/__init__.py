@@ -76,6 +76,21 @@ class SGLangTarget:
     preload_modules = ("dpep_parity.checks.targets.sglang.preload",)
     sessions = True          # serving sessions keep their KV cache in SGLang's pools (units.serve_model)
 
+    @staticmethod
+    def report_header(device: str) -> list[str]:
+        """What the pytest header says of this target on `device`: on a GPU, which of SGLang's kernels run."""
+        if device == "cpu":
+            return []
+        import importlib.util
+
+        from dpep_parity.checks.targets.sglang.session import ATTENTION_BACKEND
+        kernels = "installed" if importlib.util.find_spec("sgl_kernel") else (
+            "absent: a stand-in in every rank; each SGLang fused op whose CUDA path calls it runs its own "
+            "forward_native instead, named on the rank's stderr ('dpep: SGLang kernel replaced: ...'; "
+            "cpu_shims.guard_standin_kernels)")
+        return [f"dpep: sglang on {device}: attention backend {ATTENTION_BACKEND}, CUDA graphs off; "
+                f"sgl_kernel {kernels}"]
+
     @property
     def units(self) -> tuple[str, ...]:
         # Read by the suite before it runs anything (protocol.resolve / test_parity.evaluate): the place

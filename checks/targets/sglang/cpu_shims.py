@@ -151,12 +151,13 @@ def install(device: str) -> list[str]:
     fixes = [] if os.environ.get("DPEP_SGLANG_WORKAROUNDS") == "off" else _WORKAROUNDS
     # DPEP_SGLANG_SHIMS_OFF=name,...: these stand-ins not applied (the museum's F5 exhibit); unknown names refused
     off = {n for n in os.environ.get("DPEP_SGLANG_SHIMS_OFF", "").split(",") if n}
-    named = _SHIMS + _GLOO_SHIMS + _BACKEND_SHIMS
+    named = _SHIMS + _GLOO_SHIMS + _BACKEND_SHIMS + _CUDA_SHIMS
     unknown = off - {n for n, _ in named}
     if unknown:
         raise ValueError(f"DPEP_SGLANG_SHIMS_OFF: unknown shims {sorted(unknown)}; known: "
                          f"{sorted(n for n, _ in named)}")
-    for name, fn in fixes + _BACKEND_SHIMS + (_GLOO_SHIMS if gloo else []) + (_SHIMS if device == "cpu" else []):
+    cuda = _CUDA_SHIMS if device == "cuda" and standin_kernels() else []
+    for name, fn in fixes + _BACKEND_SHIMS + (_GLOO_SHIMS if gloo else []) + (_SHIMS if device == "cpu" else []) + cuda:
         if name in off:
             continue
         if name not in _INSTALLED:
@@ -277,6 +278,57 @@ def _gpt_oss_backend_check_in_server_args(shown):
 _BACKEND_SHIMS: list = [
     ("torch_native_attention_sinks", _torch_native_attention_sinks),
     ("gpt_oss_backend_check", _gpt_oss_backend_check),
+]
+
+
+# ---------------------------------------------------------------- CUDA without sgl_kernel (issue 34)
+REPLACED: dict[str, str] = {}     # "Op.forward_cuda" -> the stand-in kernel it called, in this process
+
+
+def standin_kernels() -> bool:
+    """Whether this process's sgl_kernel is the stand-in (STAND_INS): SGLang's AOT CUDA kernels are absent."""
+    return isinstance(_INSTALLED.get("sgl_kernel"), _StandIn)
+
+
+def guard_standin_kernels(cls) -> object:
+    """On CUDA with sgl_kernel a stand-in (its wheel is built for another torch and is hundreds of MB: docs/gpu.md),
+    an SGLang fused op (`cls`: sglang.kernels.fused_op.BaseFusedOp) whose dispatched path calls a stand-in kernel
+    runs its own `forward_native` instead, and says so: once per op class on the rank's stderr and in REPLACED.
+    SGLang's own dispatch is kept everywhere else (Triton kernels, its JIT kernels, the torch paths). The stand-in
+    raises when called, before the kernel would write anything. Returns what to restore."""
+    from dpep_parity.checks.targets.protocol import HarnessFault
+    resolve = cls._resolve_forward_method
+
+    def resolve_guarded(self):
+        method = resolve(self)
+        if getattr(method, "__func__", None) is cls.forward_native:
+            return method
+
+        def guarded(*a, **kw):
+            try:
+                return method(*a, **kw)
+            except HarnessFault as e:
+                if "is a stand-in here" not in str(e):
+                    raise
+                key = f"{type(self).__name__}.{getattr(method, '__name__', 'forward')}"
+                if key not in REPLACED:
+                    REPLACED[key] = str(e).split(" was called")[0]
+                    print(f"dpep: SGLang kernel replaced: {key} -> forward_native ({REPLACED[key]} is a stand-in)",
+                          file=sys.stderr, flush=True)
+                self._forward_method = self.forward_native
+                return self.forward_native(*a, **kw)
+        return guarded
+    cls._resolve_forward_method = resolve_guarded
+    return resolve
+
+
+def _native_where_kernels_are_stand_ins():
+    from sglang.kernels.fused_op import BaseFusedOp
+    return guard_standin_kernels(BaseFusedOp)
+
+
+_CUDA_SHIMS: list = [
+    ("native_where_kernels_are_stand_ins", _native_where_kernels_are_stand_ins),
 ]
 
 

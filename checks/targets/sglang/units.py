@@ -357,7 +357,7 @@ class Taps:
     def _logical(self, layer: int, physical: torch.Tensor) -> torch.Tensor:
         if self.logical is None:
             return physical
-        return self.logical[layer][physical.cpu().long()].to(physical.dtype)
+        return self.logical[layer][physical.cpu().long()].to(device=physical.device, dtype=physical.dtype)
 
     def _count(self, layer: int, experts):
         d = getattr(experts, "dispatcher", None)
