@@ -34,3 +34,26 @@ def assign_worker_gpus(worker: str, workers: int) -> list[str]:
     if mine:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     return mine
+
+
+def limit_controller_threads(device: str) -> int | None:
+    """In a process that drives ranks on GPUs (a test process, the benchmark), cap torch's intra-op threads at
+    DPEP_CONTROLLER_THREADS (default 4; 0 keeps torch's default of one per core). Its CPU work there is the
+    judge's and the oracle's host side, on tensors of a few hundred thousand elements at most, where more threads
+    mostly spin: on one H100 with 16 cores, one benchmark run each, examples/s at 1 / 2 / 4 ranks went from
+    51.0 / 30.7 / 21.9 (16 threads) to 56.1 / 45.8 / 33.0 (4), the ranks' gloo collectives from 5.7 / 8.4 ms to
+    1.7 / 3.2 ms at 2 / 4 ranks (docs/gpu.md). Rank processes run 1 thread each already (world.py). Returns the
+    count set, or None where nothing changed (CPU runs: the oracle's float64 truth uses the cores there)."""
+    if device == "cpu" or (device == "auto" and not visible_gpus()):
+        return None
+    raw = os.environ.get("DPEP_CONTROLLER_THREADS", "4")
+    try:
+        cap = int(raw)
+    except ValueError:
+        raise ValueError(f"DPEP_CONTROLLER_THREADS={raw!r}: a whole number (0: torch's default)") from None
+    if cap <= 0:
+        return None
+    import torch
+    n = min(torch.get_num_threads(), cap)
+    torch.set_num_threads(n)
+    return n

@@ -76,6 +76,9 @@ def pytest_configure(config):
     if device in ("cuda", "auto") and worker:
         from dpep_parity.checks.harness.gpus import assign_worker_gpus
         assign_worker_gpus(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    if device in ("cuda", "auto"):
+        from dpep_parity.checks.harness.gpus import limit_controller_threads
+        limit_controller_threads(device)
 
 
 def configure_world(config) -> list[str]:

@@ -106,3 +106,24 @@ def test_the_header_carries_what_a_target_says_of_itself_and_survives_a_broken_o
     assert target_header(SimpleNamespace(target=object(), device="cuda")) == []
     assert target_header(SimpleNamespace(target=Breaks(), device="cuda")) == [
         "dpep: the target's header failed: RuntimeError: no GPU"]
+
+
+def test_a_process_driving_gpu_ranks_caps_its_threads_and_a_cpu_run_keeps_them(monkeypatch):
+    import pytest
+    import torch
+
+    from dpep_parity.checks.harness.gpus import limit_controller_threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert limit_controller_threads("cpu") is None and torch.get_num_threads() == 2
+        monkeypatch.setenv("DPEP_CONTROLLER_THREADS", "1")
+        assert limit_controller_threads("cuda") == 1 and torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        monkeypatch.setenv("DPEP_CONTROLLER_THREADS", "0")        # torch's default kept
+        assert limit_controller_threads("cuda") is None and torch.get_num_threads() == 2
+        monkeypatch.setenv("DPEP_CONTROLLER_THREADS", "four")
+        with pytest.raises(ValueError, match="DPEP_CONTROLLER_THREADS='four'"):
+            limit_controller_threads("cuda")
+    finally:
+        torch.set_num_threads(before)

@@ -424,6 +424,8 @@ def main(argv=None) -> int:
         a.sizes_list = tuple(int(s) for s in a.sizes.split(","))
     import warnings
     warnings.filterwarnings("ignore")
+    from dpep_parity.checks.harness.gpus import limit_controller_threads
+    limit_controller_threads(a.device)
     return {"bench": cmd_bench, "tolerance": cmd_tolerance, "gemm": cmd_gemm}[a.cmd](a)
 
 
