@@ -3,7 +3,8 @@ logic under test (group maps, gathers, scatters, reductions, padding modes, expe
 replaces a device kernel or a device lookup that has no CPU path in sglang 0.5.23, and names the SGLang
 function it stands in for. `install(device)` applies them only for device == "cpu"; on CUDA SGLang runs
 unpatched but for the torch-native backend's stand-ins (`_BACKEND_SHIMS`: attention sinks, which the backend
-the target runs on every device lacks) and the workarounds of diagnosed bugs. `install_import_shims()` is import-time and runs before sglang is imported.
+the target runs on every device lacks), the workarounds of diagnosed bugs and, while sgl_kernel is the stand-in,
+the named native fallback of fused ops whose CUDA path calls it (`_CUDA_SHIMS`: guard_standin_kernels). `install_import_shims()` is import-time and runs before sglang is imported.
 """
 from __future__ import annotations
 
