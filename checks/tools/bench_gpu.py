@@ -3,6 +3,8 @@
     python -m checks.tools.bench_gpu bench     [--fixture F] [--units moe,decoder] [--sizes 1,2,4] [--examples 20]
     python -m checks.tools.bench_gpu tolerance [--fixtures F,G] [--units moe,decoder] [--dtypes bfloat16]
     python -m checks.tools.bench_gpu gemm      (split-K bf16 GEMMs at the layers' shapes through cuBLAS)
+    python -m checks.tools.bench_gpu judge     [--fixture F] [--units moe] [--sizes 1,4] [--examples 2] [--calls 20]
+                                               [--profile]
 
 `bench`: the spec target at 1, 2 and 4 ranks on the visible GPU(s) (one GPU: NCCL for 1 rank, gloo with
 CUDA tensors for 2 and 4; `--device cpu` for the CPU tier on a tiny fixture), layout tp = dp = ep = N,
@@ -15,6 +17,10 @@ grouped-GEMM experts, all requests in one batch). Warm-up examples (builds, mode
 `tolerance`: per fixture, unit, layout and batch, the reference's own error (|ref - truth| in ulps of the
 row's scale, and relative) next to the spec target's error against its bound, and catalog mutants
 (B14 double reduction, B15 replicated shared expert) on the same examples: the spec passes, they fail.
+
+`judge`: the judge alone (checks.judge.parity.judge, the oracle's answer cached), `--calls` times on each of the
+first `--examples` benchmark batches, after one run of the ranks; with `--profile`, cProfile's top functions by
+cumulative time (docs/gpu.md, third pass: profiled on the CPU with the production-size layer).
 
 `gemm`: checks.tools.calibrate's split-K experiment on the device: one bf16 GEMM through cuBLAS (the reference)
 versus the same GEMM cut over P partials, each rounded to bf16 and summed in bf16 (a row-parallel linear +
@@ -251,6 +257,40 @@ def cmd_bench(a) -> int:
     return 0 if all(r["passed"] == r["of"] for r in rows) else 1
 
 
+def cmd_judge(a) -> int:
+    import cProfile
+    import pstats
+
+    from dpep_parity.fixtures.build import fixture_path
+    path = str(fixture_path(a.fixture))
+    config, _ = load_weights(path)
+    print(f"# judge alone: spec target, {a.fixture}, {a.dtype}, device {a.device}, median of {a.calls} calls")
+    print("| unit | ranks | example | rows | judge ms | pass |\n|---|---|---|---|---|---|")
+    prof = cProfile.Profile() if a.profile else None
+    for unit in a.units.split(","):
+        for n in map(int, a.sizes.split(",")):
+            lay = Layout(n, n, n)
+            for i in range(a.examples):
+                b = bench_batch(n, i)
+                res, _, world = timed_example("spec", unit, path, lay, b, a.dtype, a.device)
+                results = world.run(UnitJob("spec", unit, path, lay, b, a.dtype, 0))
+                times = []
+                for _ in range(a.calls):
+                    r = ParityResult(unit, lay, b, a.dtype)
+                    t = time.perf_counter()
+                    if prof:
+                        prof.enable()
+                    judge(r, results, config, path, 0, device=world.rank_device)
+                    if prof:
+                        prof.disable()
+                    times.append(time.perf_counter() - t)
+                print(f"| {unit} | {n} | {i} | {sum(b.tokens_per_dp())} | {1e3 * statistics.median(times):.2f} | "
+                      f"{'yes' if r.ok else 'NO'} |", flush=True)
+    if prof:
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
+    return 0
+
+
 # ---------------- tolerance study ----------------
 def ref_error(path: str, unit: str, batch: Batch, dtype: str, device: str) -> dict:
     """The reference's own error against the truth, on the same rows the judge uses."""
@@ -416,7 +456,15 @@ def main(argv=None) -> int:
     t.add_argument("--mutants", default="B14,B15")
     g = sub.add_parser("gemm")
     g.add_argument("--seeds", type=int, default=2)
-    for p in (b, t, g):
+    j = sub.add_parser("judge")
+    j.add_argument("--fixture", default="qwen3-30b-a3b-layer")
+    j.add_argument("--units", default="moe")
+    j.add_argument("--sizes", default="1,4")
+    j.add_argument("--examples", type=int, default=2)
+    j.add_argument("--calls", type=int, default=20)
+    j.add_argument("--dtype", default="bfloat16")
+    j.add_argument("--profile", action="store_true")
+    for p in (b, t, g, j):
         p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
         p.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -426,7 +474,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     from dpep_parity.checks.harness.gpus import limit_controller_threads
     limit_controller_threads(a.device)
-    return {"bench": cmd_bench, "tolerance": cmd_tolerance, "gemm": cmd_gemm}[a.cmd](a)
+    return {"bench": cmd_bench, "tolerance": cmd_tolerance, "gemm": cmd_gemm, "judge": cmd_judge}[a.cmd](a)
 
 
 if __name__ == "__main__":
