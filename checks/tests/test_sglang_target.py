@@ -272,3 +272,29 @@ def test_a_fused_op_whose_cuda_path_calls_a_stand_in_kernel_runs_its_native_forw
     with pytest.raises(HarnessFault, match="some other"):
         Broken()(x)
     assert torch.equal(Working()(x), x + 1) and "Working.forward_cuda" not in cpu_shims.REPLACED
+
+
+def test_without_sgl_kernel_the_fused_kv_cache_write_is_turned_off_everywhere_and_named(monkeypatch):
+    """cpu_shims.unfused_kv_write_without_kernels reaches SGLang's own function and the model modules that
+    imported it (qwen3_moe), says False (RoPE, then the backend writes the cache), and names itself when asked.
+    Negative control: before it, qwen3_moe holds SGLang's function."""
+    import importlib
+    import sys
+
+    from dpep_parity.checks.targets.sglang import cpu_shims
+    cpu_shims.install_import_shims()          # as a rank does before it imports SGLang (torchvision's stand-in)
+    qwen3_moe = importlib.import_module("sglang.srt.models.qwen3_moe")
+    mu = importlib.import_module("sglang.srt.models.utils")
+    monkeypatch.setattr(cpu_shims, "REPLACED", {})
+    original = mu.enable_fused_set_kv_buffer
+    assert qwen3_moe.enable_fused_set_kv_buffer is original
+    before, patched = cpu_shims.unfused_kv_write_without_kernels()
+    try:
+        assert before is original and {"sglang.srt.models.utils", "sglang.srt.models.qwen3_moe"} <= set(patched)
+        assert qwen3_moe.enable_fused_set_kv_buffer is mu.enable_fused_set_kv_buffer is not original
+        assert cpu_shims.REPLACED == {}                       # named when SGLang first asks, not before
+        assert qwen3_moe.enable_fused_set_kv_buffer(None) is False
+        assert "models.utils.enable_fused_set_kv_buffer" in cpu_shims.REPLACED
+    finally:
+        for name in patched:
+            sys.modules[name].enable_fused_set_kv_buffer = original

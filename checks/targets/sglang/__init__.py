@@ -86,8 +86,8 @@ class SGLangTarget:
         from dpep_parity.checks.targets.sglang.session import ATTENTION_BACKEND
         kernels = "installed" if importlib.util.find_spec("sgl_kernel") else (
             "absent: a stand-in in every rank; each SGLang fused op whose CUDA path calls it runs its own "
-            "forward_native instead, named on the rank's stderr ('dpep: SGLang kernel replaced: ...'; "
-            "cpu_shims.guard_standin_kernels)")
+            "forward_native instead, and the fused RoPE + KV-cache write is off (the backend writes the cache), "
+            "each named on the rank's stderr ('dpep: SGLang kernel replaced: ...'; cpu_shims._CUDA_SHIMS)")
         return [f"dpep: sglang on {device}: attention backend {ATTENTION_BACKEND}, CUDA graphs off; "
                 f"sgl_kernel {kernels}"]
 

@@ -328,8 +328,37 @@ def _native_where_kernels_are_stand_ins():
     return guard_standin_kernels(BaseFusedOp)
 
 
+def unfused_kv_write_without_kernels() -> tuple:
+    """Stands in for `sglang.srt.models.utils.enable_fused_set_kv_buffer` (and every SGLang module that imported
+    it) while sgl_kernel is the stand-in. On CUDA with a bfloat16 KV cache it asks the rotary op to write the KV
+    cache fused with RoPE, which only sgl_kernel's rope does: without it SGLang's rotary CUDA path refuses ("save
+    kv cache is not supported for fallback_rotary_embedding", the tp1 run on an H100: docs/gpu.md). Here it says
+    False: RoPE alone, and the attention backend writes the cache itself (`save_kv_cache`), as on SGLang's
+    other platforms. Named in REPLACED and on the rank's stderr when first asked. Returns (the original, the
+    modules patched); SGLang modules imported later read the patched function from its module."""
+    try:
+        import sglang.srt.models.utils as mu
+        before = mu.enable_fused_set_kv_buffer
+    except (ImportError, AttributeError):
+        return None, []             # a release without the fused write
+
+    def unfused(forward_batch):
+        key = "models.utils.enable_fused_set_kv_buffer"
+        if key not in REPLACED:
+            REPLACED[key] = "sgl_kernel's fused RoPE + KV-cache write"
+            print(f"dpep: SGLang kernel replaced: {key} -> False ({REPLACED[key]} is a stand-in): RoPE, then the "
+                  "attention backend writes the KV cache", file=sys.stderr, flush=True)
+        return False
+    patched = [name for name, mod in list(sys.modules.items())
+               if name.startswith("sglang.") and getattr(mod, "enable_fused_set_kv_buffer", None) is before]
+    for name in patched:
+        sys.modules[name].enable_fused_set_kv_buffer = unfused
+    return before, patched
+
+
 _CUDA_SHIMS: list = [
     ("native_where_kernels_are_stand_ins", _native_where_kernels_are_stand_ins),
+    ("unfused_kv_write_without_kernels", unfused_kv_write_without_kernels),
 ]
 
 
