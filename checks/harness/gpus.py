@@ -44,16 +44,22 @@ def limit_controller_threads(device: str) -> int | None:
     51.0 / 30.7 / 21.9 (16 threads) to 56.1 / 45.8 / 33.0 (4), the ranks' gloo collectives from 5.7 / 8.4 ms to
     1.7 / 3.2 ms at 2 / 4 ranks (docs/gpu.md). Rank processes run 1 thread each already (world.py). Returns the
     count set, or None where nothing changed (CPU runs: the oracle's float64 truth uses the cores there)."""
+    cap = controller_threads()
     if device == "cpu" or (device == "auto" and not visible_gpus()):
         return None
-    raw = os.environ.get("DPEP_CONTROLLER_THREADS", "4")
-    try:
-        cap = int(raw)
-    except ValueError:
-        raise ValueError(f"DPEP_CONTROLLER_THREADS={raw!r}: a whole number (0: torch's default)") from None
     if cap <= 0:
         return None
     import torch
     n = min(torch.get_num_threads(), cap)
     torch.set_num_threads(n)
     return n
+
+
+def controller_threads() -> int:
+    """DPEP_CONTROLLER_THREADS as a number (default 4); a ValueError naming it otherwise (checked on every device:
+    the suite refuses a broken setting before it runs, as it does a broken option)."""
+    raw = os.environ.get("DPEP_CONTROLLER_THREADS", "4")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"DPEP_CONTROLLER_THREADS={raw!r}: a whole number (0: torch's default)") from None

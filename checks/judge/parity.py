@@ -260,7 +260,7 @@ def _route_rank(li, r, d, got, per_req, flat, starts, dp_rows, whole, excused, s
                        f"{tuple(g.shape)}, expected {tuple(want.shape)}")
             continue
         diff = (g.to(want.dtype) != want).any(1)
-        away = diff & ~ties[-req.extend:]
+        away = diff & ~ties[ties.shape[0] - req.extend:]        # not [-extend:]: a request may extend 0 rows
         if whole:
             # a token downstream of a legitimate flip at an earlier layer (or of a prefix tie) has other
             # inputs than one device's from then on: its routing may differ anywhere (its rows are

@@ -127,3 +127,15 @@ def test_a_process_driving_gpu_ranks_caps_its_threads_and_a_cpu_run_keeps_them(m
             limit_controller_threads("cuda")
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_broken_controller_thread_count_is_a_usage_error_before_anything_runs():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, DPEP_CONTROLLER_THREADS="four")
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+                        "checks/tests/test_topology.py"], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "DPEP_CONTROLLER_THREADS='four'" in p.stdout + p.stderr

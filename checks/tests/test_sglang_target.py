@@ -231,9 +231,10 @@ def test_finding_f10_gpt_oss_loader_zeroes_its_input_and_builds_do_not_share_it(
 
 
 def test_a_fused_op_whose_cuda_path_calls_a_stand_in_kernel_runs_its_native_forward_named(monkeypatch):
-    """On CUDA without sgl_kernel (issue 34), cpu_shims.guard_standin_kernels: an SGLang fused op whose dispatched
-    path calls a stand-in kernel runs its own forward_native and is named in REPLACED. Negative controls: unguarded
-    the stand-in raises; a guarded op whose path fails otherwise still raises; one whose path works is kept."""
+    """On CUDA without sgl_kernel (issue 34), cpu_shims.guard_standin_kernels on a base class: a subclass op whose
+    dispatched path calls a stand-in kernel runs its own forward_native and is named in REPLACED. Negative
+    controls: unguarded the stand-in raises; a guarded op whose path fails otherwise still raises; one whose path
+    works is kept; one dispatched to its own forward_native is not wrapped (nothing named, its error stands)."""
     import torch
     from sglang.kernels.fused_op import BaseFusedOp
 
@@ -241,37 +242,44 @@ def test_a_fused_op_whose_cuda_path_calls_a_stand_in_kernel_runs_its_native_forw
     from dpep_parity.checks.targets.sglang import cpu_shims
     monkeypatch.setattr(cpu_shims, "REPLACED", {})
 
-    def ops():
-        class Norm(BaseFusedOp):            # a CUDA path that calls sgl_kernel, as RMSNorm.forward_cuda does
-            def forward_native(self, x):
-                return x * 2
+    class Norm(BaseFusedOp):                # a CUDA path that calls sgl_kernel, as RMSNorm.forward_cuda does
+        cuda_path = True
 
-            def forward_cuda(self, x):
-                return cpu_shims._Unavailable("sgl_kernel.rmsnorm", "absent")(x)
+        def forward_native(self, x):
+            return x * 2
 
-            def _resolve_forward_method(self):      # what SGLang's dispatch picks on a CUDA platform
-                return self.forward_cuda
+        def forward_cuda(self, x):
+            return cpu_shims._Unavailable("sgl_kernel.rmsnorm", "absent")(x)
 
-        class Broken(Norm):
-            def forward_cuda(self, x):
-                raise HarnessFault("some other harness fault")
+        def _resolve_forward_method(self):      # what SGLang's dispatch picks on a CUDA platform
+            return self.forward_cuda if self.cuda_path else self.forward_native
 
-        class Working(Norm):
-            def forward_cuda(self, x):
-                return x + 1
-        return Norm, Broken, Working
+    class Broken(Norm):
+        def forward_cuda(self, x):
+            raise HarnessFault("some other harness fault")
 
-    Norm, Broken, Working = ops()
+    class Working(Norm):
+        def forward_cuda(self, x):
+            return x + 1
+
+    class NativeOnly(Norm):
+        cuda_path = False
+
+        def forward_native(self, x):
+            return cpu_shims._Unavailable("sgl_kernel.native_helper", "absent")(x)
+
     x = torch.ones(2)
     with pytest.raises(HarnessFault, match="sgl_kernel.rmsnorm was called"):
         Norm()(x)
-    for cls in (Norm, Broken, Working):
-        cpu_shims.guard_standin_kernels(cls)
+    cpu_shims.guard_standin_kernels(Norm)
     assert torch.equal(Norm()(x), x * 2)
     assert cpu_shims.REPLACED == {"Norm.forward_cuda": "sgl_kernel.rmsnorm"}
     with pytest.raises(HarnessFault, match="some other"):
         Broken()(x)
-    assert torch.equal(Working()(x), x + 1) and "Working.forward_cuda" not in cpu_shims.REPLACED
+    assert torch.equal(Working()(x), x + 1)
+    with pytest.raises(HarnessFault, match="native_helper"):
+        NativeOnly()(x)
+    assert cpu_shims.REPLACED == {"Norm.forward_cuda": "sgl_kernel.rmsnorm"}
 
 
 def test_without_sgl_kernel_the_fused_kv_cache_write_is_turned_off_everywhere_and_named(monkeypatch):

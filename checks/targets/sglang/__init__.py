@@ -79,12 +79,14 @@ class SGLangTarget:
     @staticmethod
     def report_header(device: str) -> list[str]:
         """What the pytest header says of this target on `device`: on a GPU, which of SGLang's kernels run."""
-        if device == "cpu":
-            return []
         import importlib.util
 
+        from dpep_parity.checks.harness.gpus import visible_gpus
+        if device == "cpu" or (device == "auto" and not visible_gpus()):
+            return []
         from dpep_parity.checks.targets.sglang.session import ATTENTION_BACKEND
-        kernels = "installed" if importlib.util.find_spec("sgl_kernel") else (
+        kernels = "found (a rank that cannot import it runs the stand-in below)" if importlib.util.find_spec(
+            "sgl_kernel") else (
             "absent: a stand-in in every rank; each SGLang fused op whose CUDA path calls it runs its own "
             "forward_native instead, and the fused RoPE + KV-cache write is off (the backend writes the cache), "
             "each named on the rank's stderr ('dpep: SGLang kernel replaced: ...'; cpu_shims._CUDA_SHIMS)")
