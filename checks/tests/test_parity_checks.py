@@ -77,6 +77,28 @@ def test_routing_flip_away_from_a_tie_is_judged_not_excused():
     assert not away.excused.any()          # row 0 stays judged: its parity failure shows the damage
 
 
+def test_a_whole_models_routing_walk_takes_a_request_that_extends_no_rows():
+    """A replayed batch may hold a request of 0 extend rows after a cached prefix (`dp0:2+0,...`): the model's
+    per-request walk reads its last 0 rows (`ties[-0:]` read the whole prefix and broke the comparison), and a
+    flip away from a tie on the next request is still found."""
+    from dpep_parity.checks.core.batches import Batch, Request
+    from dpep_parity.checks.judge.parity import routing_analysis
+    from dpep_parity.checks.oracle.reference import UnitRef
+    decided = torch.tensor([0.50, 0.30, 0.15, 0.05], dtype=torch.float64)
+    batch, lay = Batch(((Request(3, 0), Request(0, 2)),)), Layout(1)
+    router = [([decided.repeat(3, 1), decided.repeat(2, 1)], [decided.repeat(3, 1), decided.repeat(2, 1)])]
+    uref = UnitRef(torch.zeros(2, 4), torch.zeros(2, 4), router=router)
+    cfg = {"num_hidden_layers": 1, "num_experts": 4, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+    def analyse(ids):
+        res = [RankResult(0, {"routing": {0: torch.tensor(ids)}}, [], 0.0)]
+        return routing_analysis(res, uref, batch, lay, "model", 0, cfg, 2, torch.float32)
+
+    assert analyse([[0, 1], [0, 1]]).check.ok
+    away = analyse([[0, 1], [0, 2]])
+    assert not away.check.ok and "request 1 token 1" in away.check.message
+
+
 def test_a_parity_failure_with_routing_away_from_ties_names_routing_as_the_likely_cause():
     """B03 (heads duplicated) routes decided rows elsewhere: the rows stay judged (no '|sut|/|truth| = nan' pass
     on excused rows), parity fails, and its message points at the routing difference."""
