@@ -45,9 +45,7 @@ def limit_controller_threads(device: str) -> int | None:
     1.7 / 3.2 ms at 2 / 4 ranks (docs/gpu.md). Rank processes run 1 thread each already (world.py). Returns the
     count set, or None where nothing changed (CPU runs: the oracle's float64 truth uses the cores there)."""
     cap = controller_threads()
-    if device == "cpu" or (device == "auto" and not visible_gpus()):
-        return None
-    if cap <= 0:
+    if not drives_gpus(device) or cap <= 0:
         return None
     import torch
     n = min(torch.get_num_threads(), cap)
@@ -63,3 +61,9 @@ def controller_threads() -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"DPEP_CONTROLLER_THREADS={raw!r}: a whole number (0: torch's default)") from None
+
+
+def drives_gpus(device: str) -> bool:
+    """Whether a run asked for `device` ('cpu' | 'cuda' | 'auto') puts its ranks on GPUs: 'auto' does where
+    one is visible (read with nvidia-smi: nothing initializes CUDA here)."""
+    return device == "cuda" or (device == "auto" and bool(visible_gpus()))

@@ -99,7 +99,7 @@ def token_keys(batch: Batch, layout: Layout, ranks: list[int]) -> list[tuple]:
 def oracle_rows(ref: torch.Tensor, batch: Batch, layout: Layout, ranks: list[int]) -> torch.Tensor:
     """The oracle's rows (global order) arranged as the concatenation of the given ranks' outputs."""
     counts = batch.tokens_per_dp()
-    starts = [sum(counts[:d]) for d in range(len(counts))]
+    starts = _cumsum(counts)
     idx = []
     for r in ranks:
         d = layout.dp_rank(r)
@@ -141,12 +141,10 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
     u = units.get(unit)
     whole = u.whole_model
     layer_ids = u.sparse_layers_run(sparse_layers(config), layer)
-    n = sum(batch.tokens_per_dp())
+    per_dp = batch.tokens_per_dp()
+    n, dp_start = sum(per_dp), _cumsum(per_dp)
     flat = batch.requests_flat()
-    starts, acc = [], 0
-    for _, _, req in flat:
-        starts.append(acc)
-        acc += req.extend
+    starts = _cumsum([req.extend for _, _, req in flat])      # each request's first row, global order
     reported = all(isinstance(r.value.get("routing"), dict) for r in results) and bool(layer_ids)
     excused = torch.zeros(n, dtype=torch.bool)
     ref_flipped = torch.zeros(n, dtype=torch.bool)
@@ -176,10 +174,9 @@ def routing_analysis(results, uref: UnitRef, batch: Batch, layout: Layout, unit:
             excused |= ties
             continue
         sut_flip = torch.zeros(n, dtype=torch.bool)
-        dp_start = _cumsum(batch.tokens_per_dp())
         for r in results:
             d = layout.dp_rank(r.rank)
-            lo, hi = dp_start[d], dp_start[d] + batch.tokens_per_dp()[d]
+            lo, hi = dp_start[d], dp_start[d] + per_dp[d]
             if lo == hi:
                 continue
             got = r.value["routing"].get(li, r.value["routing"].get(str(li)))

@@ -18,8 +18,8 @@ grouped-GEMM experts, all requests in one batch). Warm-up examples (builds, mode
 row's scale, and relative) next to the spec target's error against its bound, and catalog mutants
 (B14 double reduction, B15 replicated shared expert) on the same examples: the spec passes, they fail.
 
-`judge`: the judge alone (checks.judge.parity.judge, the oracle's answer cached), `--calls` times on each of the
-first `--examples` benchmark batches, after one run of the ranks; with `--profile`, cProfile's top functions by
+`judge`: the judge alone (checks.judge.parity.judge, the oracle's answer cached by a first call), `--calls` times
+on each of the first `--examples` benchmark batches, after one run of the ranks; with `--profile`, cProfile's top functions by
 cumulative time (docs/gpu.md, third pass: profiled on the CPU with the production-size layer).
 
 `gemm`: checks.tools.calibrate's split-K experiment on the device: one bf16 GEMM through cuBLAS (the reference)
@@ -270,11 +270,12 @@ def cmd_judge(a) -> int:
     for unit in a.units.split(","):
         for n in map(int, a.sizes.split(",")):
             lay = Layout(n, n, n)
+            world = get_world(n, a.device, 120.0)
             for i in range(a.examples):
                 b = bench_batch(n, i)
-                res, _, world = timed_example("spec", unit, path, lay, b, a.dtype, a.device)
                 results = world.run(UnitJob("spec", unit, path, lay, b, a.dtype, 0))
-                times = []
+                judge(ParityResult(unit, lay, b, a.dtype), results, config, path, 0, device=world.rank_device)
+                times = []              # the oracle's answer is cached from the call above: the judge alone
                 for _ in range(a.calls):
                     r = ParityResult(unit, lay, b, a.dtype)
                     t = time.perf_counter()
@@ -442,12 +443,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog=prog("python -m checks.tools.bench_gpu"), description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench")
-    b.add_argument("--fixture", default="qwen3-30b-a3b-layer")
     b.add_argument("--units", default="moe,decoder")
     b.add_argument("--sizes", default="1,2,4")
     b.add_argument("--examples", type=int, default=20)
     b.add_argument("--warmup", type=int, default=2)
-    b.add_argument("--dtype", default="bfloat16")
     t = sub.add_parser("tolerance")
     t.add_argument("--fixtures", default="qwen3-30b-a3b-layer,qwen2-57b-a14b-layer-e16")
     t.add_argument("--units", default="moe,decoder")
@@ -457,13 +456,14 @@ def main(argv=None) -> int:
     g = sub.add_parser("gemm")
     g.add_argument("--seeds", type=int, default=2)
     j = sub.add_parser("judge")
-    j.add_argument("--fixture", default="qwen3-30b-a3b-layer")
     j.add_argument("--units", default="moe")
     j.add_argument("--sizes", default="1,4")
     j.add_argument("--examples", type=int, default=2)
     j.add_argument("--calls", type=int, default=20)
-    j.add_argument("--dtype", default="bfloat16")
     j.add_argument("--profile", action="store_true")
+    for p in (b, j):            # one example's fixture and dtype: the benchmark's and the judge's
+        p.add_argument("--fixture", default="qwen3-30b-a3b-layer")
+        p.add_argument("--dtype", default="bfloat16")
     for p in (b, t, g, j):
         p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
         p.add_argument("--json", default=None)

@@ -81,8 +81,8 @@ class SGLangTarget:
         """What the pytest header says of this target on `device`: on a GPU, which of SGLang's kernels run."""
         import importlib.util
 
-        from dpep_parity.checks.harness.gpus import visible_gpus
-        if device == "cpu" or (device == "auto" and not visible_gpus()):
+        from dpep_parity.checks.harness.gpus import drives_gpus
+        if not drives_gpus(device):
             return []
         from dpep_parity.checks.targets.sglang.session import ATTENTION_BACKEND
         kernels = "found (a rank that cannot import it runs the stand-in below)" if importlib.util.find_spec(

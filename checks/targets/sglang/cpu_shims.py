@@ -286,6 +286,15 @@ _BACKEND_SHIMS: list = [
 REPLACED: dict[str, str] = {}     # "Op.forward_cuda" -> the stand-in kernel it called, in this process
 
 
+def _name_replacement(key: str, kernel: str, instead: str) -> None:
+    """Record, once per process, that SGLang's `key` ran `instead` because `kernel` is a stand-in (REPLACED, and a
+    line on this rank's stderr)."""
+    if key not in REPLACED:
+        REPLACED[key] = kernel
+        print(f"dpep: SGLang kernel replaced: {key} -> {instead} ({kernel} is a stand-in)", file=sys.stderr,
+              flush=True)
+
+
 def standin_kernels() -> bool:
     """Whether this process's sgl_kernel is the stand-in (STAND_INS): SGLang's AOT CUDA kernels are absent."""
     return isinstance(_INSTALLED.get("sgl_kernel"), _StandIn)
@@ -311,11 +320,8 @@ def guard_standin_kernels(cls) -> object:
             except HarnessFault as e:
                 if "is a stand-in here" not in str(e):
                     raise
-                key = f"{type(self).__name__}.{getattr(method, '__name__', 'forward')}"
-                if key not in REPLACED:
-                    REPLACED[key] = str(e).split(" was called")[0]
-                    print(f"dpep: SGLang kernel replaced: {key} -> forward_native ({REPLACED[key]} is a stand-in)",
-                          file=sys.stderr, flush=True)
+                _name_replacement(f"{type(self).__name__}.{getattr(method, '__name__', 'forward')}",
+                                  str(e).split(" was called")[0], "forward_native")
                 self._forward_method = self.forward_native
                 return self.forward_native(*a, **kw)
         return guarded
@@ -346,11 +352,8 @@ def unfused_kv_write_without_kernels() -> tuple:
         return None, []             # a release without the fused write
 
     def unfused(forward_batch):
-        key = "models.utils.enable_fused_set_kv_buffer"
-        if key not in REPLACED:
-            REPLACED[key] = "sgl_kernel's fused RoPE + KV-cache write"
-            print(f"dpep: SGLang kernel replaced: {key} -> False ({REPLACED[key]} is a stand-in): RoPE, then the "
-                  "attention backend writes the KV cache", file=sys.stderr, flush=True)
+        _name_replacement("models.utils.enable_fused_set_kv_buffer", "sgl_kernel's fused RoPE + KV-cache write",
+                          "False: RoPE, then the attention backend writes the KV cache")
         return False
     patched = [name for name, mod in list(sys.modules.items())
                if name.startswith("sglang.") and getattr(mod, "enable_fused_set_kv_buffer", None) is before]
