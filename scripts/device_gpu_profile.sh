@@ -6,7 +6,8 @@
 # process and the tolerance study in another, all on the one GPU (on a GPU under 100 GB the tiny suite first,
 # alone); then split-K GEMMs through cuBLAS);
 # bench (the benchmark, alone on the GPU); ab (the benchmark of an older checkout at BEFORE=DIR and of this one,
-# alternating AB_ROUNDS times (default 2) on the same GPU: the before / after tables of docs/gpu.md). `smoke tests`, `bench` and `ab`
+# alternating AB_ROUNDS times (default 2) on the same GPU: the before / after tables of docs/gpu.md); mps (the
+# benchmark under NVIDIA MPS, the oracle after and beside the ranks, MPS_UNITS). `smoke tests`, `bench` and `ab`
 # each fit in one 10-minute call.
 # Production-size weights are drawn from their seeds here, into DPEP_FIXTURE_CACHE (~5 GB).
 # Every stage has a time limit (SIGINT first, so pytest still prints its summary). Files in OUT:
@@ -81,5 +82,23 @@ if has ab; then      # BEFORE: an older checkout (git archive COMMIT | tar -x -C
       echo "ab $side $i exit $?" >> "$S"
     done
   done
+fi
+if has mps; then     # the oracle beside the ranks, their kernels run at once under MPS (the control daemon is
+  # started here and quit on the way out; where it cannot start, the stage says so and is skipped)
+  lim 200 $PY -m fixtures build --large >> "$S" 2>&1
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/dpep-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/dpep-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d >> "$S" 2>&1; then
+    trap 'echo quit | nvidia-cuda-mps-control > /dev/null 2>&1' EXIT
+    stamp "mps: daemon started"
+    for ov in off on; do
+      lim 150 $PY -m checks.tools.bench_gpu bench --examples 16 --units "${MPS_UNITS:-moe,decoder}" --sizes 1,4 \
+        --overlap $ov --json "$OUT/mps-$ov.json" > "$OUT/mps-$ov.md" 2>&1
+      echo "mps overlap $ov exit $?" >> "$S"
+    done
+    cat "$CUDA_MPS_LOG_DIRECTORY/control.log" >> "$S" 2>/dev/null
+  else
+    stamp "mps: no MPS control daemon here (nvidia-cuda-mps-control missing or refused): skipped"
+  fi
 fi
 stamp done

@@ -72,12 +72,18 @@ def eps(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
 
 
+_EXPONENT_BITS = 0x7FF0000000000000   # of a float64: x with its mantissa cleared is 2 ** floor(log2 |x|)
+
+
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Spacing of `dtype` numbers at |x| (float64), never below the smallest normal's spacing."""
-    x = x.abs().to(torch.float64)
+    """Spacing of `dtype` numbers at |x| (float64), never below the smallest normal's spacing:
+    2 ** floor(log2 |x|) x eps, the power of two read exactly off the float64's exponent bits. (It was
+    `pow(2, floor(log2 x))`, which is 2x too large just below a power of two, where log2 rounds up to the
+    integer, and slower: checks/tests/test_numerics.py.)"""
     fi = torch.finfo(dtype)
-    e = torch.floor(torch.log2(torch.clamp(x, min=fi.tiny)))
-    return torch.clamp(torch.pow(2.0, e) * fi.eps, min=fi.tiny * fi.eps)
+    x = torch.clamp(x.abs().to(torch.float64), min=fi.tiny)
+    power = (x.view(torch.int64) & _EXPONENT_BITS).view(torch.float64)
+    return torch.clamp(power * fi.eps, min=fi.tiny * fi.eps)
 
 
 @dataclass
@@ -139,7 +145,8 @@ def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor
         v.ok = False
         v.reasons.append(f"non-finite values, first at {_label(labels, bad)}")
         return v
-    d_sut, d_ref = (s - t).abs(), (r - t).abs()
+    err = s - t
+    d_sut, d_ref = err.abs(), (r - t).abs()
     for alt in ref_variants:
         d_ref = torch.maximum(d_ref, (alt.reshape(rows, -1).to(torch.float64) - t).abs())
     e_sut, e_ref = d_sut.amax(1), d_ref.amax(1)
@@ -160,13 +167,20 @@ def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor
     failing = beyond & ~ex
     v.failing_rows = failing.nonzero().flatten().tolist()
     keep = ~ex
-    v.max_abs = float(d_sut[keep].max()) if keep.any() else 0.0
-    v.mean_abs = float(d_sut[keep].mean()) if keep.any() else 0.0
+    every = not bool(ex.any())     # the common case: no row excused, no boolean-mask copies
+    some = every or bool(keep.any())
+
+    def kept_rows(x):
+        return x if every else x[keep]
+    v.max_abs = float(kept_rows(d_sut).max()) if some else 0.0
+    v.mean_abs = float(kept_rows(d_sut).mean()) if some else 0.0
     u = element_ulp(t, dtype)
-    v.max_ulp = float((d_sut / u)[keep].max()) if keep.any() else 0.0
-    v.cosine = float(torch.nn.functional.cosine_similarity(s[keep].flatten(), t[keep].flatten(), dim=0)) \
-        if keep.any() and t[keep].norm() > 0 else 1.0
-    v.ratio = float(s[keep].norm() / t[keep].norm()) if keep.any() and t[keep].norm() > 0 else float("nan")
+    v.max_ulp = float(kept_rows(d_sut / u).max()) if some else 0.0
+    sk, tk = kept_rows(s), kept_rows(t)
+    t_norm = tk.norm() if some else None
+    v.cosine = float(torch.nn.functional.cosine_similarity(sk.flatten(), tk.flatten(), dim=0)) \
+        if some and t_norm > 0 else 1.0
+    v.ratio = float(sk.norm() / t_norm) if some and t_norm > 0 else float("nan")
     masked = torch.where(keep, excess, torch.zeros_like(excess))
     wr = int(masked.argmax())
     v.worst_row, v.worst_col = wr, int(d_sut[wr].argmax())
@@ -182,7 +196,7 @@ def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor
     if clusters is not None:   # one row per token: replicas are not independent samples
         kept = first_replicas(clusters, kept)
     if len(kept) >= BIAS_MIN_ROWS:
-        b_sut = ((s - t) / u)[kept].mean(1)
+        b_sut = (err / u)[kept].mean(1)
         b_ref = ((r - t) / u)[kept].mean(1)
         diff = b_sut - b_ref
         se = float(diff.std() / math.sqrt(len(kept))) or 1e-30

@@ -91,20 +91,19 @@ def _timed(name: str):
 
 
 def _settled(fn):
-    """An Oracle method whose results are on the CPU when it returns. Inside, copies to and from a CUDA device
-    are queued without waiting (`_to_device`, `_to_host`), so that the CPU queues a forward's kernels while the
-    last one's still run; a copy that waited (a pageable copy, `.cpu()`) drained the GPU at every request,
-    phase and router tap. Here, on the way out, one synchronization of the oracle's devices makes every queued
-    copy complete before anyone reads it."""
+    """An Oracle method whose results are on the CPU when it returns (`Oracle.settling`: when it is the outermost
+    such call)."""
     @functools.wraps(fn)
     def settled(self, *a, **kw):
-        out = fn(self, *a, **kw)
-        for dev in {_dev(self.truth_model), _dev(self.ref_model)}:
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-        _settle_profile()
-        return out
+        with self.settling():
+            return fn(self, *a, **kw)
     return settled
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device: str):
+    """The CUDA stream the float64 truth runs on, one per device (`Oracle._on_truth_stream`)."""
+    return torch.cuda.Stream(device=torch.device(device))
 
 
 def _to_host(x: torch.Tensor) -> torch.Tensor:
@@ -198,9 +197,11 @@ def _dev(model) -> torch.device:
 
 class Oracle:
     """`device`: where the reference in the test dtype runs (the system under test's device);
-    `truth_device`: where the float64 truth runs (default: `device`)."""
+    `truth_device`: where the float64 truth runs (default: `device`); `truth_stream`: on CUDA, the truth on a
+    stream of its own, beside the reference and the decoys (False: after them, on the current stream)."""
 
-    def __init__(self, model_dir: str, dtype: str, device: str = "cpu", truth_device: str | None = None):
+    def __init__(self, model_dir: str, dtype: str, device: str = "cpu", truth_device: str | None = None,
+                 truth_stream: bool = True):
         self.dir, self.dtype_name = str(model_dir), dtype
         self.dtype = DTYPES[dtype]
         self.device = resolve_device(device)
@@ -210,11 +211,49 @@ class Oracle:
         self.ref_model = load_model(self.dir, dtype, self.device, ref_experts)
         self.decoy_experts = oracle_experts.decoy_experts(ref_experts)
         self.config = self.truth_model.config
+        dev = _dev(self.truth_model)
+        self.truth_stream = _side_stream(str(dev)) if truth_stream and dev.type == "cuda" else None
+        self._open = 0
+
+    @contextlib.contextmanager
+    def settling(self):
+        """Calls of this oracle inside are settled once, on the way out: every tensor they returned is on the CPU
+        and complete after it, not before. Inside, copies to and from a CUDA device are queued without waiting
+        (`_to_device`, `_to_host`), so that the CPU queues a forward's kernels while the last one's still run
+        (a copy that waited, a pageable copy or `.cpu()`, drained the GPU at every request, phase and router tap),
+        and the truth's kernels on its own stream run beside the reference's and the decoys' (`_on_truth_stream`).
+        Nothing inside may read the values of what an inner call returned (views, splits and lists are fine)."""
+        self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1
+            if not self._open:
+                for dev in {_dev(self.truth_model), _dev(self.ref_model)}:
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)       # every stream of the device: the truth's too
+                _settle_profile()
+
+    @contextlib.contextmanager
+    def _on_truth_stream(self, model):
+        """The truth's forwards on a CUDA stream of their own (`truth_stream`), so that its float64 GEMMs (memory
+        bound: every expert's weights in float64, milliseconds of GPU time) run while the CPU queues the reference
+        and the decoys on the device's current stream and the GPU runs them beside, instead of after. The truth
+        stream first waits for everything queued before it on the current one (weights, inputs); every tensor
+        the truth makes stays on its stream until `settling` synchronizes the device. Other models: unchanged."""
+        s = self.truth_stream if model is self.truth_model else None
+        if s is None:
+            yield
+            return
+        s.wait_stream(torch.cuda.current_stream(s.device))
+        with torch.cuda.stream(s):
+            yield
 
     def _both(self):
-        """(model, dtype) of the truth, then of the reference; each loop body is timed as its phase (PROFILE)."""
+        """(model, dtype) of the truth, then of the reference; each loop body is timed as its phase (PROFILE), the
+        truth's on its stream (`_on_truth_stream`)."""
         for model, dt, name in ((self.truth_model, torch.float64, "truth"), (self.ref_model, self.dtype, "reference")):
-            with phase(name, _dev(model)):
+            with self._on_truth_stream(model), phase(name, _dev(model)):
                 yield model, dt
 
     @torch.no_grad()
@@ -240,7 +279,7 @@ class Oracle:
         row-wise, so each real row is the same function as alone. In float64 that is the truth up to float64
         rounding; in the test dtype it is one device serving the batch (its rounding depends on the company, as
         a serving engine's does: the decoy variants sample other company)."""
-        with phase("truth", _dev(self.truth_model)):
+        with self._on_truth_stream(self.truth_model), phase("truth", _dev(self.truth_model)):
             truth = self._padded_requests(self.truth_model, torch.float64, batch, seqs, fn, layers)
         with phase("reference", _dev(self.ref_model)):
             ref = self._padded_requests(self.ref_model, self.dtype, batch, seqs, fn, layers)

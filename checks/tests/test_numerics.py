@@ -222,6 +222,22 @@ def test_ulp_on_random_magnitudes(dtype):
     assert torch.equal(ulp(x, dt), spacing(x))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_ulp_of_float64_magnitudes_just_below_a_power_of_two(dtype):
+    """A float64 magnitude (the truth's) in [2^(k-1), 2^k) is measured in the spacing of that binade, even one
+    float64 step below 2^k, where log2 rounds up to k: the earlier `pow(2, floor(log2 x))` gave twice the
+    spacing there (the negative control, written out below), a bound 2x too loose on such rows."""
+    dt = DTYPES[dtype]
+    fi = torch.finfo(dt)
+    k = torch.arange(-10, 12, dtype=torch.float64)
+    below = 2.0 ** k * (1 - 2.0 ** -53)                 # the largest float64 under 2^k
+    want = 2.0 ** (k - 1) * fi.eps
+    assert torch.equal(ulp(below, dt), want)
+    assert torch.equal(ulp(2.0 ** k, dt), 2.0 ** k * fi.eps)
+    old = torch.clamp(torch.pow(2.0, torch.floor(torch.log2(below))) * fi.eps, min=fi.tiny * fi.eps)
+    assert torch.equal(old[k.abs() >= 3], 2 * want[k.abs() >= 3])     # log2 rounds up to k for |k| >= 3
+
+
 def test_reference_variants_widen_the_noise_estimate():
     """A lucky reference (tiny error on a row) must not make a legitimate layout fail when another
     legitimate evaluation of the same row shows larger rounding; a wrong row still fails."""

@@ -104,9 +104,11 @@ def study_batches(dp: int) -> dict[str, Batch]:
 
 
 # ---------------- one example, timed in parts ----------------
-def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=120.0) -> tuple[ParityResult, dict]:
+def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=120.0,
+                  overlap: bool | None = None) -> tuple[ParityResult, dict]:
     """As checks.judge.parity.run_example (the oracle computed while the ranks compute where
-    checks.judge.parity.overlaps_oracle says so: CPU ranks; after them otherwise), timed in parts (seconds):
+    checks.judge.parity.overlaps_oracle says so, CPU ranks, or where `overlap` says; after them otherwise),
+    timed in parts (seconds):
     `world` (World.run wall, the oracle inside it when overlapped), `target` (the slowest rank's job less its
     collectives), `collectives` (that rank's host time inside them), `oracle` (the oracle's whole call) and its
     phases `truth`, `reference`, `variants` (on CUDA the GPU time between events at their ends, reference.phase), `harness` (the world's wall less the slowest
@@ -126,7 +128,7 @@ def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=1
         oracle_outputs(path, dtype, world.rank_device, None, unit, 0, batch)
         spans["oracle"] = time.perf_counter() - t
 
-    overlap = overlaps_oracle(world)
+    overlap = overlaps_oracle(world) if overlap is None else overlap
     reference.PROFILE = prof = {}
     t0 = time.perf_counter()
     try:
@@ -214,10 +216,11 @@ def cmd_bench(a) -> int:
     path = str(fixture_path(a.fixture))
     rows = []
     dt = DTYPES[a.dtype]
+    overlap = {"auto": None, "on": True, "off": False}[a.overlap]
     print(f"# bench: spec target, {a.fixture}, {a.dtype}, device {a.device}, {a.examples} examples after "
           f"{a.warmup} warm-up; medians per example, ms. Oracle: truth experts {oracle_experts.truth_experts()}, "
           f"reference experts {oracle_experts.reference_experts(dt, a.device)}; fused = one single-device forward "
-          f"of the same rows, experts {_fused_experts()}", flush=True)
+          f"of the same rows, experts {_fused_experts()}; oracle beside the ranks: {a.overlap}", flush=True)
     print("| unit | ranks | backend | examples/s | example ms | " + " | ".join(f"{p} ms" for p in PARTS)
           + " | oracle ms | fused ms | oracle / fused | example / fused | rows | pass |")
     print("|" + "---|" * (len(PARTS) + 11))
@@ -227,11 +230,11 @@ def cmd_bench(a) -> int:
             batches = [bench_batch(n, i) for i in range(a.warmup + a.examples)]
             evict_if_needed(n, a.device)
             for b in batches[: a.warmup]:
-                timed_example("spec", unit, path, lay, b, a.dtype, a.device)
+                timed_example("spec", unit, path, lay, b, a.dtype, a.device, overlap=overlap)
             parts, fused, ok = [], [], 0
             t_all = time.perf_counter()
             for b in batches[a.warmup:]:
-                res, part, world = timed_example("spec", unit, path, lay, b, a.dtype, a.device)
+                res, part, world = timed_example("spec", unit, path, lay, b, a.dtype, a.device, overlap=overlap)
                 parts.append(part)
                 ok += res.ok
                 if not res.ok:
@@ -447,6 +450,9 @@ def main(argv=None) -> int:
     b.add_argument("--sizes", default="1,2,4")
     b.add_argument("--examples", type=int, default=20)
     b.add_argument("--warmup", type=int, default=2)
+    b.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
+                   help="the oracle computed while the ranks compute: auto as the suite does (CPU ranks only), on, "
+                        "off (on one GPU, 'on' pays only where the GPU runs both processes' kernels at once: MPS)")
     t = sub.add_parser("tolerance")
     t.add_argument("--fixtures", default="qwen3-30b-a3b-layer,qwen2-57b-a14b-layer-e16")
     t.add_argument("--units", default="moe,decoder")
