@@ -7,7 +7,8 @@
 # alone); then split-K GEMMs through cuBLAS);
 # bench (the benchmark, alone on the GPU); ab (the benchmark of an older checkout at BEFORE=DIR and of this one,
 # alternating AB_ROUNDS times (default 2) on the same GPU: the before / after tables of docs/gpu.md); mps (the
-# benchmark under NVIDIA MPS, the oracle after and beside the ranks, MPS_UNITS). `smoke tests`, `bench` and `ab`
+# benchmark under NVIDIA MPS, the oracle after and beside the ranks, MPS_UNITS; with MPS_TIER, the production-size
+# tests -k MPS_TIER under it). `smoke tests`, `bench` and `ab`
 # each fit in one 10-minute call.
 # Production-size weights are drawn from their seeds here, into DPEP_FIXTURE_CACHE (~5 GB).
 # Every stage has a time limit (SIGINT first, so pytest still prints its summary). Files in OUT:
@@ -91,11 +92,17 @@ if has mps; then     # the oracle beside the ranks, their kernels run at once un
   if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d >> "$S" 2>&1; then
     trap 'echo quit | nvidia-cuda-mps-control > /dev/null 2>&1' EXIT
     stamp "mps: daemon started"
-    for ov in off on; do
+    for ov in off auto; do       # auto: as the suite decides, beside the ranks where an MPS daemon listens
       lim 150 $PY -m checks.tools.bench_gpu bench --examples 16 --units "${MPS_UNITS:-moe,decoder}" --sizes 1,4 \
         --overlap $ov --json "$OUT/mps-$ov.json" > "$OUT/mps-$ov.md" 2>&1
       echo "mps overlap $ov exit $?" >> "$S"
     done
+    if [ -n "${MPS_TIER:-}" ]; then   # production-size tests (-k MPS_TIER) with the oracle beside the ranks
+      lim 200 $PY -m pytest property_tests/test_gpu.py -p no:xdist --device cuda -p no:cacheprovider \
+        -k "$MPS_TIER" > "$OUT/mps-tier.log" 2>&1
+      echo "mps tier exit $?" >> "$S"; head -n 20 "$OUT/mps-tier.log" | grep "^dpep" >> "$S"
+      tail -n 3 "$OUT/mps-tier.log" >> "$S"
+    fi
     cat "$CUDA_MPS_LOG_DIRECTORY/control.log" >> "$S" 2>/dev/null
   else
     stamp "mps: no MPS control daemon here (nvidia-cuda-mps-control missing or refused): skipped"

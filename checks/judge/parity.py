@@ -18,6 +18,7 @@ from dpep_parity.checks.core import numerics
 from dpep_parity.checks.core.batches import DTYPES, MAX_LEN, Batch, padding_mode
 from dpep_parity.checks.core.records import FailedCheck, FailureRecord
 from dpep_parity.checks.core.topology import Layout, validate
+from dpep_parity.checks.harness import gpus
 from dpep_parity.checks.harness.recorder import mismatches
 from dpep_parity.checks.harness.unitjob import UnitJob, load_weights
 from dpep_parity.checks.harness.world import RankResult, WorldFailure, get_world
@@ -500,11 +501,12 @@ def oracle_outputs(model_dir: str, dtype: str, device: str, truth_device: str | 
 
 
 def overlaps_oracle(world) -> bool:
-    """Whether the oracle computes while the ranks compute: for CPU ranks only. On 2 cores it raised the MoE
-    block's examples/s at 1 rank from 27.6 to 41.1; on one H200, where the oracle's and the ranks' processes
-    share the GPU and their kernels take turns on it rather than run together, it cut them from 62.7 to 32.7
-    (docs/gpu.md: before / after, 2026-12-07)."""
-    return world.rank_device == "cpu"
+    """Whether the oracle computes while the ranks compute: for CPU ranks, and for GPU ranks under NVIDIA MPS
+    (`gpus.mps_daemon`). On 2 cores it raised the MoE block's examples/s at 1 rank from 27.6 to 41.1; on one
+    H200 without MPS, where the oracle's and the ranks' processes share the GPU and their kernels take turns on
+    it rather than run together, it cut them from 62.7 to 32.7; on one H100 under MPS it raised them from 67.4
+    to 81.8 at 1 rank and 45.9 to 69.7 at 4 (docs/gpu.md)."""
+    return world.rank_device == "cpu" or gpus.mps_daemon() is not None
 
 
 def prefetch_oracle(model_dir: str, dtype: str, device: str, truth_device: str | None, unit: str, layer: int,

@@ -137,7 +137,7 @@ def device_header(device: str, sizes: list[int], config) -> str:
     from dpep_parity.checks.harness.world import describe_backends
     if device == "cpu":
         return "dpep worlds: " + describe_backends(sizes, 0)
-    from dpep_parity.checks.harness.gpus import visible_gpus, worker_slice
+    from dpep_parity.checks.harness.gpus import mps_daemon, visible_gpus, worker_slice
     gpus = visible_gpus()
     if not gpus:
         return "dpep worlds: --device auto, no GPU visible: " + describe_backends(sizes, 0)
@@ -145,9 +145,12 @@ def device_header(device: str, sizes: list[int], config) -> str:
     workers = n if isinstance(n, int) and n > 0 else 1
     mine = worker_slice(gpus, 0, workers)
     share = f", one GPU shared by ~{-(-workers // len(gpus))} workers" if workers > len(gpus) else ""
+    mps = mps_daemon()
+    oracle = (f"; the oracle beside the ranks (MPS daemon at {mps})" if mps else
+              "; the oracle after the ranks (no MPS daemon: docs/gpu.md)")
     return (f"dpep GPUs: {len(gpus)} visible [{','.join(gpus)}], {workers} test process(es), "
             f"{len(mine)} GPU(s) each (CUDA_VISIBLE_DEVICES per xdist worker{share}); worlds: "
-            + describe_backends(sizes, len(mine)))
+            + describe_backends(sizes, len(mine)) + oracle)
 
 
 def scaled_timeout(ini_timeout: float, max_examples: int, base_examples: int = 12) -> float:

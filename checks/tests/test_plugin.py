@@ -129,6 +129,37 @@ def test_a_process_driving_gpu_ranks_caps_its_threads_and_a_cpu_run_keeps_them(m
         torch.set_num_threads(before)
 
 
+def test_gpu_ranks_run_beside_the_oracle_only_under_a_listening_mps_daemon(monkeypatch, tmp_path):
+    """The oracle computes while GPU ranks compute only where an MPS control daemon accepts connections at
+    $CUDA_MPS_PIPE_DIRECTORY/control (checks.harness.gpus.mps_daemon): not where there is no socket, nor where
+    a daemon that quit left its socket file; CPU ranks always."""
+    import socket
+    from types import SimpleNamespace
+
+    from dpep_parity.checks.harness import gpus
+    from dpep_parity.checks.judge.parity import overlaps_oracle
+    cuda, cpu = SimpleNamespace(rank_device="cuda"), SimpleNamespace(rank_device="cpu")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    path = str(tmp_path / "control")
+
+    def asked():
+        gpus.mps_daemon.cache_clear()
+        return gpus.mps_daemon(), overlaps_oracle(cuda), overlaps_oracle(cpu)
+    try:
+        assert asked() == (None, False, True)                     # no daemon
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(path)
+        stale.close()                                             # the file stays, nobody listens
+        assert asked() == (None, False, True)
+        (tmp_path / "control").unlink()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
+            daemon.bind(path)
+            daemon.listen(1)
+            assert asked() == (path, True, True)
+    finally:
+        gpus.mps_daemon.cache_clear()
+
+
 def test_a_broken_controller_thread_count_is_a_usage_error_before_anything_runs():
     import os
     import subprocess

@@ -42,6 +42,7 @@ from dpep_parity.checks import units
 from dpep_parity.checks.core import numerics
 from dpep_parity.checks.core.batches import DTYPES, Batch, Request
 from dpep_parity.checks.core.topology import Layout, validate
+from dpep_parity.checks.harness import gpus
 from dpep_parity.checks.harness.unitjob import CollectiveSeconds, UnitJob, load_weights
 from dpep_parity.checks.harness.world import get_world
 from dpep_parity.checks.judge.parity import ParityResult, judge, run_example
@@ -220,7 +221,8 @@ def cmd_bench(a) -> int:
     print(f"# bench: spec target, {a.fixture}, {a.dtype}, device {a.device}, {a.examples} examples after "
           f"{a.warmup} warm-up; medians per example, ms. Oracle: truth experts {oracle_experts.truth_experts()}, "
           f"reference experts {oracle_experts.reference_experts(dt, a.device)}; fused = one single-device forward "
-          f"of the same rows, experts {_fused_experts()}; oracle beside the ranks: {a.overlap}", flush=True)
+          f"of the same rows, experts {_fused_experts()}; oracle beside the ranks: {a.overlap} (MPS daemon: "
+          f"{gpus.mps_daemon() or 'none'})", flush=True)
     print("| unit | ranks | backend | examples/s | example ms | " + " | ".join(f"{p} ms" for p in PARTS)
           + " | oracle ms | fused ms | oracle / fused | example / fused | rows | pass |")
     print("|" + "---|" * (len(PARTS) + 11))
@@ -478,8 +480,7 @@ def main(argv=None) -> int:
         a.sizes_list = tuple(int(s) for s in a.sizes.split(","))
     import warnings
     warnings.filterwarnings("ignore")
-    from dpep_parity.checks.harness.gpus import limit_controller_threads
-    limit_controller_threads(a.device)
+    gpus.limit_controller_threads(a.device)
     return {"bench": cmd_bench, "tolerance": cmd_tolerance, "gemm": cmd_gemm, "judge": cmd_judge}[a.cmd](a)
 
 
