@@ -86,10 +86,12 @@ if has ab; then      # BEFORE: an older checkout (git archive COMMIT | tar -x -C
 fi
 if has mps; then     # the oracle beside the ranks, their kernels run at once under MPS (the control daemon is
   # started here and quit on the way out; where it cannot start, the stage says so and is skipped)
-  lim 200 $PY -m fixtures build --large >> "$S" 2>&1
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/dpep-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/dpep-mps-log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d >> "$S" 2>&1; then
+  # a daemon a killed earlier call left running (its EXIT trap never ran) is quit first
+  command -v nvidia-cuda-mps-control > /dev/null && { echo quit | timeout 10 nvidia-cuda-mps-control > /dev/null 2>&1; sleep 1; }
+  if command -v nvidia-cuda-mps-control > /dev/null && lim 200 $PY -m fixtures build --large >> "$S" 2>&1 &&
+     nvidia-cuda-mps-control -d >> "$S" 2>&1; then
     trap 'echo quit | nvidia-cuda-mps-control > /dev/null 2>&1' EXIT
     stamp "mps: daemon started"
     for ov in off auto; do       # auto: as the suite decides, beside the ranks where an MPS daemon listens
@@ -105,7 +107,7 @@ if has mps; then     # the oracle beside the ranks, their kernels run at once un
     fi
     cat "$CUDA_MPS_LOG_DIRECTORY/control.log" >> "$S" 2>/dev/null
   else
-    stamp "mps: no MPS control daemon here (nvidia-cuda-mps-control missing or refused): skipped"
+    stamp "mps: no MPS control daemon here (nvidia-cuda-mps-control missing or refused, or the fixtures failed): skipped"
   fi
 fi
 stamp done

@@ -83,6 +83,7 @@ def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     fi = torch.finfo(dtype)
     x = torch.clamp(x.abs().to(torch.float64), min=fi.tiny)
     power = (x.view(torch.int64) & _EXPONENT_BITS).view(torch.float64)
+    power = torch.where(torch.isnan(x), x, power)     # a NaN stays NaN (its bits would read as inf)
     return torch.clamp(power * fi.eps, min=fi.tiny * fi.eps)
 
 
@@ -139,16 +140,22 @@ def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor
     v = Verdict(name, True, str(dtype).replace("torch.", ""), rows)
     if rows == 0 or truth.numel() == 0:
         return v
-    s, t, r = (x.reshape(rows, -1).to(torch.float64) for x in (sut, truth, ref))
+    s, t, r = (x.reshape(rows, -1).to(torch.float64).contiguous() for x in (sut, truth, ref))
     if not torch.isfinite(s).all():
         bad = (~torch.isfinite(s)).any(1).nonzero()[0].item()
         v.ok = False
         v.reasons.append(f"non-finite values, first at {_label(labels, bad)}")
         return v
+    alts = [alt.reshape(rows, -1).to(torch.float64) for alt in ref_variants]
+    for what, x in (("truth", t), ("reference", r), *((f"reference variant {i}", a) for i, a in enumerate(alts))):
+        if not torch.isfinite(x).all():   # a NaN bound passes every row: no verdict, not a pass
+            bad = (~torch.isfinite(x)).any(1).nonzero()[0].item()
+            raise ValueError(f"{name}: the oracle's {what} is not finite at {_label(labels, bad)}: no verdict can "
+                             "be drawn from it (a fault of the oracle or its fixture, not of the system under test)")
     err = s - t
     d_sut, d_ref = err.abs(), (r - t).abs()
-    for alt in ref_variants:
-        d_ref = torch.maximum(d_ref, (alt.reshape(rows, -1).to(torch.float64) - t).abs())
+    for alt in alts:
+        d_ref = torch.maximum(d_ref, (alt - t).abs())
     e_sut, e_ref = d_sut.amax(1), d_ref.amax(1)
     scale = t.abs().amax(1)
     u_row = ulp(scale, dtype)

@@ -78,14 +78,15 @@ def mps_daemon() -> str | None:
     means it accepts a connection: a socket file left by a daemon that quit does not count. Under MPS the kernels
     of several processes run on the GPU at once, instead of taking turns, so the oracle may compute beside the
     ranks (checks.judge.parity.overlaps_oracle; one H100, MoE block: 67.4 -> 81.8 examples/s at 1 rank, 45.9 ->
-    69.7 at 4, docs/gpu.md). Read once per process."""
+    69.7 at 4, docs/gpu.md). Read once per process. A listening daemon is taken to serve this process and its ranks
+(started after it, same user): where it does not, the overlap costs speed, never a verdict."""
     path = os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control")
     if not os.path.exists(path):
         return None
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(2.0)
-        try:
+    try:        # any OSError (no socket, nobody listening, no file handles left): no daemon to count on
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2.0)
             s.connect(path)
-        except OSError:
-            return None
+    except OSError:
+        return None
     return path

@@ -198,7 +198,7 @@ def _dev(model) -> torch.device:
 class Oracle:
     """`device`: where the reference in the test dtype runs (the system under test's device);
     `truth_device`: where the float64 truth runs (default: `device`); `truth_stream`: on CUDA, the truth on a
-    stream of its own, beside the reference and the decoys (False: after them, on the current stream)."""
+    stream of its own, beside the reference and the decoys (False: on the current stream, in line with them)."""
 
     def __init__(self, model_dir: str, dtype: str, device: str = "cpu", truth_device: str | None = None,
                  truth_stream: bool = True):

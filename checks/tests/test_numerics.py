@@ -122,6 +122,27 @@ def test_non_finite_values_fail(bad):
     assert "non-finite" in v.reasons[0] and LABELS[345] in v.reasons[0]
 
 
+@pytest.mark.parametrize("where", ["truth", "ref", "variant"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_oracle_is_no_verdict_rather_than_a_pass(where, bad):
+    """A NaN in the truth, the reference or a variant made every bound NaN, and a row off by half its value
+    passed: now the comparison refuses to judge, naming the row (the finite case, the control, still fails)."""
+    x, w, truth, ref = case("bfloat16")
+    truth, ref = truth.clone(), ref.clone()        # the case is shared by other tests: mutate copies
+    sut = ref.clone()
+    sut[7] *= 1.5
+    variant = ref.clone()
+    assert not compare("finite", sut, truth, ref, torch.bfloat16, ref_variants=[variant], labels=LABELS).ok
+    {"truth": truth, "ref": ref, "variant": variant}[where][12, 3] = bad
+    with pytest.raises(ValueError, match=f"not finite at {LABELS[12]}"):
+        compare("nonfinite oracle", sut, truth, ref, torch.bfloat16, ref_variants=[variant], labels=LABELS)
+
+
+def test_ulp_of_nan_is_nan():
+    got = ulp(torch.tensor([float("nan"), 1.0], dtype=torch.float64), torch.bfloat16)
+    assert torch.isnan(got[0]) and got[1] == torch.finfo(torch.bfloat16).eps
+
+
 def test_reference_itself_and_empty_rows_pass():
     x, w, truth, ref = case("bfloat16")
     assert compare("ref", ref, truth, ref, torch.bfloat16).ok

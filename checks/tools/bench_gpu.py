@@ -453,7 +453,8 @@ def main(argv=None) -> int:
     b.add_argument("--examples", type=int, default=20)
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
-                   help="the oracle computed while the ranks compute: auto as the suite does (CPU ranks only), on, "
+                   help="the oracle computed while the ranks compute: auto as the suite does (CPU ranks, or GPU ranks where "
+                        "an MPS daemon listens), on, "
                         "off (on one GPU, 'on' pays only where the GPU runs both processes' kernels at once: MPS)")
     t = sub.add_parser("tolerance")
     t.add_argument("--fixtures", default="qwen3-30b-a3b-layer,qwen2-57b-a14b-layer-e16")
