@@ -141,15 +141,15 @@ def compare(name: str, sut: torch.Tensor, truth: torch.Tensor, ref: torch.Tensor
     if rows == 0 or truth.numel() == 0:
         return v
     s, t, r = (x.reshape(rows, -1).to(torch.float64).contiguous() for x in (sut, truth, ref))
-    if not torch.isfinite(s).all():
-        bad = (~torch.isfinite(s)).any(1).nonzero()[0].item()
+    bad = _first_non_finite_row(s)
+    if bad is not None:
         v.ok = False
         v.reasons.append(f"non-finite values, first at {_label(labels, bad)}")
         return v
     alts = [alt.reshape(rows, -1).to(torch.float64) for alt in ref_variants]
     for what, x in (("truth", t), ("reference", r), *((f"reference variant {i}", a) for i, a in enumerate(alts))):
-        if not torch.isfinite(x).all():   # a NaN bound passes every row: no verdict, not a pass
-            bad = (~torch.isfinite(x)).any(1).nonzero()[0].item()
+        bad = _first_non_finite_row(x)
+        if bad is not None:   # a NaN bound passes every row: no verdict, not a pass
             raise ValueError(f"{name}: the oracle's {what} is not finite at {_label(labels, bad)}: no verdict can "
                              "be drawn from it (a fault of the oracle or its fixture, not of the system under test)")
     err = s - t
@@ -232,6 +232,15 @@ def first_replicas(clusters: Sequence[object], rows: torch.Tensor) -> torch.Tens
             seen.add(clusters[i])
             first.append(i)
     return torch.tensor(first, dtype=torch.long)
+
+
+def _first_non_finite_row(x: torch.Tensor) -> int | None:
+    """The first row of `x` [rows, cols] holding a NaN or an infinity; None when every value is finite. A NaN or an
+    infinity makes the sum non-finite: one reduction answers the common case (a sum of finite values that overflows
+    takes the exact path)."""
+    if math.isfinite(float(x.sum())) or bool(torch.isfinite(x).all()):
+        return None
+    return int((~torch.isfinite(x)).any(1).nonzero()[0].item())
 
 
 def _rms(t: torch.Tensor) -> torch.Tensor:
