@@ -158,8 +158,8 @@ def test_oracle_answers_are_settled_cpu_rows_equal_to_synchronous_copies(gpu):
     batch = Batch(((R(0, 24), R(0, 8)), tuple(R(16 + j, 1) for j in range(8))), seed=5)
     moe = units.get("moe")
     x = moe.global_inputs(batch, config, o.dtype)[0]
-    with o.settling():             # as checks.judge.parity.oracle_outputs: the truth beside the decoys
-        got, decoys = o.mlp(0, x), o.decoy_rows(0, batch, x)
+    # as checks.judge.parity.oracle_outputs: the truth and the reference in the worker thread beside the decoys
+    got, decoys = o.answer(lambda: o.mlp(0, x), lambda: o.decoy_rows(0, batch, x))
     for name, model, dt, out, probs in (("truth", o.truth_model, torch.float64, got.truth, got.router[0][0]),
                                         ("reference", o.ref_model, o.dtype, got.ref, got.router[0][1])):
         with torch.no_grad(), _RouterTap(model) as tap:
@@ -176,9 +176,13 @@ def test_oracle_answers_are_settled_cpu_rows_equal_to_synchronous_copies(gpu):
 @pytest.mark.parametrize("unit", ["moe", "decoder"])
 def test_truth_on_its_own_stream_answers_as_after_the_reference(gpu, unit):
     """The float64 truth on a CUDA stream of its own, beside the reference and the decoys (`Oracle(truth_stream=
-    True)`, checks/oracle/reference.py `_on_truth_stream`), answers bit for bit as the truth run after them on
-    the current stream (`truth_stream=False`): truth, reference, router taps and decoys, for the MoE block (rows)
-    and the decoder layer (right-padded requests), on the production-size layer."""
+    True)`, checks/oracle/reference.py `_on_truth_stream`), and the truth and the reference queued by the oracle's
+    worker thread beside the decoys (`threaded`, `Oracle.answer`, on streams of their own) answer bit for bit as
+    everything in line on the current stream of one thread (`truth_stream=False, threaded=False`): truth,
+    reference, router taps and decoys, for the MoE block (rows) and the decoder layer (right-padded requests), on
+    the production-size layer."""
+    from functools import partial
+
     import torch
 
     from dpep_parity.checks import units
@@ -189,17 +193,17 @@ def test_truth_on_its_own_stream_answers_as_after_the_reference(gpu, unit):
     u = units.get(unit)
     batch = Batch(((R(8, 24), R(0, 8)), tuple(R(16 + j, 1) for j in range(8))), seed=7)
     answers = []
-    for side in (True, False):
-        o = Oracle(path, dtype, gpu.device, truth_stream=side)
+    for side, threaded in ((True, True), (True, False), (False, False)):
+        o = Oracle(path, dtype, gpu.device, truth_stream=side, threaded=threaded)
         assert (o.truth_stream is not None) == (side and not DRYRUN)     # dry run: on the CPU, no stream
         inputs = u.global_inputs(batch, config, o.dtype)
-        with o.settling():
-            answers.append((u.reference(o, 0, batch, inputs), u.decoys(o, 0, batch, inputs)))
-    (beside, dec_beside), (after, dec_after) = answers
-    assert torch.equal(beside.truth, after.truth) and torch.equal(beside.ref, after.ref)
-    for (pt, pr), (qt, qr) in zip(beside.router, after.router, strict=True):
-        assert all(torch.equal(a, b) for a, b in zip(pt + pr, qt + qr, strict=True)), "router probabilities"
-    assert len(dec_beside) == len(dec_after) and all(torch.equal(a, b) for a, b in zip(dec_beside, dec_after))
+        answers.append(o.answer(partial(u.reference, o, 0, batch, inputs), partial(u.decoys, o, 0, batch, inputs)))
+    (after, dec_after) = answers[-1]
+    for beside, dec_beside in answers[:-1]:
+        assert torch.equal(beside.truth, after.truth) and torch.equal(beside.ref, after.ref)
+        for (pt, pr), (qt, qr) in zip(beside.router, after.router, strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(pt + pr, qt + qr, strict=True)), "router probabilities"
+        assert len(dec_beside) == len(dec_after) and all(torch.equal(a, b) for a, b in zip(dec_beside, dec_after))
 
 
 # ---------------- the catalog at production size ----------------

@@ -496,8 +496,8 @@ def oracle_outputs(model_dir: str, dtype: str, device: str, truth_device: str | 
     u = units.get(unit)
     oracle = Oracle(model_dir, dtype, device, truth_device)
     inputs = u.global_inputs(batch, config, DTYPES[dtype])
-    with oracle.settling():     # one synchronization for both: the truth's GPU work runs beside the decoys'
-        return u.reference(oracle, layer, batch, inputs), u.decoys(oracle, layer, batch, inputs)
+    # one synchronization for both; on CUDA the truth and the reference queued by a worker thread beside the decoys
+    return oracle.answer(lambda: u.reference(oracle, layer, batch, inputs), lambda: u.decoys(oracle, layer, batch, inputs))
 
 
 def overlaps_oracle(world) -> bool:

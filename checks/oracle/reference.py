@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 
 import torch
@@ -40,11 +43,14 @@ class UnitRef:
     layers_ref: list[torch.Tensor] = field(default_factory=list)
 
 
-# Seconds per oracle phase ("truth", "reference", "variants") while checks.tools.bench_gpu sets a dict here; None
+# Seconds per oracle phase ("truth", "reference", "variants"; "queued": the host's time in an outermost `settling`
+# before it waits for the device) while checks.tools.bench_gpu sets a dict here; None
 # (the default) costs nothing. On CUDA a phase is timed by CUDA events on its device's stream (the GPU's time from
 # the phase's first queued kernel to its last), settled when the Oracle's call returns: synchronizing at every
 # phase boundary would stop the next phase's kernels being queued while the last one's run, which is what is timed.
 PROFILE: dict[str, float] | None = None
+# Oracle's `threaded` default (checks.tools.bench_gpu sets it for its before / after)
+THREADED = True
 _PENDING: list = []     # (name, start event, end event) of CUDA phases not yet settled
 
 
@@ -101,9 +107,17 @@ def _settled(fn):
 
 
 @functools.lru_cache(maxsize=None)
-def _side_stream(device: str):
-    """The CUDA stream the float64 truth runs on, one per device (`Oracle._on_truth_stream`)."""
+def _side_stream(device: str, role: str = "truth"):
+    """A CUDA stream of the oracle's own per device and role: the float64 truth's (`Oracle._on_truth_stream`),
+    the worker thread's (`Oracle.answer`)."""
     return torch.cuda.Stream(device=torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _worker(device: str) -> ThreadPoolExecutor:
+    """The thread that queues the truth and the reference while the calling thread queues the decoys
+    (`Oracle.answer`), one per device; idle between examples."""
+    return ThreadPoolExecutor(1, thread_name_prefix=f"dpep-oracle-{device}")
 
 
 def _to_host(x: torch.Tensor) -> torch.Tensor:
@@ -119,10 +133,12 @@ def _to_device(x: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return x.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else x.to(dev)
 
 
-@functools.lru_cache(maxsize=8)
-def load_model(model_dir: str, dtype: str, device: str = "cpu", experts: str = "eager"):
+@functools.lru_cache(maxsize=12)   # four oracles: truth, reference, decoys (`Oracle.threaded`)
+def load_model(model_dir: str, dtype: str, device: str = "cpu", experts: str = "eager", instance: str = ""):
     """transformers' model from the fixture folder in `dtype` on `device`, its experts through transformers'
-    `experts_implementation` switch (checks.oracle.oracle_experts: eager, grouped_mm, batched_mm, dpep_padded_bmm)."""
+    `experts_implementation` switch (checks.oracle.oracle_experts: eager, grouped_mm, batched_mm, dpep_padded_bmm).
+    `instance`: another copy of the same model (the decoys' own, `Oracle.threaded`: a module's forward hooks and its
+    experts switch are per object, and the reference's and the decoys' forwards may run at once)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
@@ -147,17 +163,34 @@ class _Float64Torch:
         return torch.float64 if name == "float32" else getattr(torch, name)
 
 
+_FLOAT_PATCH = threading.local()      # .on: this thread's Tensor.float() returns float64 (`_tensor_float_is_float64`)
+_FLOAT_PATCH_LOCK = threading.Lock()
+_FLOAT_PATCH_USERS = [0, None]        # threads inside, torch's own Tensor.float while patched
+
+
 @contextlib.contextmanager
 def _tensor_float_is_float64():
-    """`Tensor.float()` returns float64 inside: MiniMax-M2's router writes its float32 cast as a tensor method
-    (`sigmoid(router_logits.float())`), which no module global redirects. Only the truth's router forward runs
-    under it (single-threaded oracle code); restored on exit."""
-    before = torch.Tensor.float
-    torch.Tensor.float = lambda self, *a, **kw: self.to(torch.float64)
+    """`Tensor.float()` returns float64 inside, in this thread only: MiniMax-M2's router writes its float32 cast
+    as a tensor method (`sigmoid(router_logits.float())`), which no module global redirects. Only the truth's
+    router forward runs under it; the reference and the decoys may run at once in another thread
+    (`Oracle.threaded`), where `.float()` stays float32. Installed while any thread is inside; restored after."""
+    with _FLOAT_PATCH_LOCK:
+        if not _FLOAT_PATCH_USERS[0]:
+            own = _FLOAT_PATCH_USERS[1] = torch.Tensor.float
+
+            def patched(self, *a, _own=own, **kw):
+                return self.to(torch.float64) if getattr(_FLOAT_PATCH, "on", False) else _own(self, *a, **kw)
+            torch.Tensor.float = patched
+        _FLOAT_PATCH_USERS[0] += 1
+    was, _FLOAT_PATCH.on = getattr(_FLOAT_PATCH, "on", False), True
     try:
         yield
     finally:
-        torch.Tensor.float = before
+        _FLOAT_PATCH.on = was
+        with _FLOAT_PATCH_LOCK:
+            _FLOAT_PATCH_USERS[0] -= 1
+            if not _FLOAT_PATCH_USERS[0]:
+                torch.Tensor.float = _FLOAT_PATCH_USERS[1]
 
 
 def _float64_throughout(model) -> None:
@@ -198,10 +231,13 @@ def _dev(model) -> torch.device:
 class Oracle:
     """`device`: where the reference in the test dtype runs (the system under test's device);
     `truth_device`: where the float64 truth runs (default: `device`); `truth_stream`: on CUDA, the truth on a
-    stream of its own, beside the reference and the decoys (False: on the current stream, in line with them)."""
+    stream of its own, beside the reference and the decoys (False: on the current stream, in line with them);
+    `threaded`: `answer` computes the truth and the reference in a worker thread while the calling thread computes
+    the decoys, on a model copy of their own (default: THREADED where both models are on CUDA; on the CPU, where
+    the cores are the oracle's already, only when asked)."""
 
     def __init__(self, model_dir: str, dtype: str, device: str = "cpu", truth_device: str | None = None,
-                 truth_stream: bool = True):
+                 truth_stream: bool = True, threaded: bool | None = None):
         self.dir, self.dtype_name = str(model_dir), dtype
         self.dtype = DTYPES[dtype]
         self.device = resolve_device(device)
@@ -213,7 +249,12 @@ class Oracle:
         self.config = self.truth_model.config
         dev = _dev(self.truth_model)
         self.truth_stream = _side_stream(str(dev)) if truth_stream and dev.type == "cuda" else None
+        on_cuda = dev.type == "cuda" and _dev(self.ref_model).type == "cuda"
+        self.threaded = THREADED and on_cuda if threaded is None else threaded
+        self.decoy_model = load_model(self.dir, dtype, self.device, ref_experts, "decoys") if self.threaded \
+            else self.ref_model
         self._open = 0
+        self._open_lock = threading.Lock()      # `settling` is entered from the worker thread too
 
     @contextlib.contextmanager
     def settling(self):
@@ -223,16 +264,47 @@ class Oracle:
         (a copy that waited, a pageable copy or `.cpu()`, drained the GPU at every request, phase and router tap),
         and the truth's kernels on its own stream run beside the reference's and the decoys' (`_on_truth_stream`).
         Nothing inside may read the values of what an inner call returned (views, splits and lists are fine)."""
-        self._open += 1
+        with self._open_lock:
+            self._open += 1
+        t0 = time.perf_counter()
         try:
             yield
         finally:
-            self._open -= 1
-            if not self._open:
+            with self._open_lock:
+                self._open -= 1
+                last = not self._open
+            if last:
+                if PROFILE is not None:     # the host's time to queue everything, before waiting for the GPU
+                    PROFILE["queued"] = PROFILE.get("queued", 0.0) + time.perf_counter() - t0
                 for dev in {_dev(self.truth_model), _dev(self.ref_model)}:
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)       # every stream of the device: the truth's too
                 _settle_profile()
+
+    def answer(self, reference, decoys):
+        """(reference(), decoys()): a unit's truth and reference, and its decoy variants, settled together (one
+        synchronization). With `threaded`, reference() runs in a worker thread, on a CUDA stream of its own (the
+        truth's on the truth stream), while this thread queues decoys() on the decoy model: the host queues the
+        two at once (torch releases the GIL while it dispatches an operator) and the GPU runs them beside each
+        other. The worker's stream first waits for this one's work queued so far (weights, inputs)."""
+        with self.settling():
+            if not self.threaded:
+                return reference(), decoys()
+            dev = _dev(self.ref_model)
+            stream = _side_stream(str(dev), "worker") if dev.type == "cuda" else None
+            if stream is not None:
+                stream.wait_stream(torch.cuda.current_stream(dev))
+
+            def work():
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    return reference()
+            fut = _worker(str(dev)).submit(work)
+            try:
+                variants = decoys()
+            except BaseException:
+                futures_wait([fut])        # the worker's answer is dropped, its use of the models over
+                raise
+            return fut.result(), variants
 
     @contextlib.contextmanager
     def _on_truth_stream(self, model):
@@ -348,14 +420,14 @@ class Oracle:
     # The evaluations among decoys (the 7-row one for the MoE block) also take the other legitimate habit of
     # adding a token's expert outputs (`self.decoy_experts`: in the dtype where the reference adds in float32).
     def _decoy_experts(self):
-        return experts_as(self.ref_model, self.decoy_experts)
+        return experts_as(self.decoy_model, self.decoy_experts)
 
     @torch.no_grad()
     @_settled
     @_timed("variants")
     def decoy_rows(self, layer: int, batch: Batch, x: torch.Tensor) -> list[torch.Tensor]:
         """The layer's MLP block on rows x among 1 and among 7 random decoy rows."""
-        model, dt = self.ref_model, self.dtype
+        model, dt = self.decoy_model, self.dtype
         g = torch.Generator().manual_seed(batch.seed + 1)
         block = model.model.layers[layer].mlp
         out = []
@@ -376,7 +448,7 @@ class Oracle:
         longest = max([s.shape[0] for s in seqs] + [1])
         decoys = list(torch.randn(2, longest, self.config.hidden_size, generator=g, dtype=torch.float64))
         with self._decoy_experts():
-            rows, _ = self._padded_requests(self.ref_model, self.dtype, batch, seqs, fn, [], extra=decoys)
+            rows, _ = self._padded_requests(self.decoy_model, self.dtype, batch, seqs, fn, [], extra=decoys)
         return [rows]
 
     @torch.no_grad()
@@ -389,7 +461,7 @@ class Oracle:
         decoys = list(torch.randint(0, self.config.vocab_size, (2, longest), generator=g))
         ids = pad_sequence([*token_ids, *decoys], batch_first=True) if token_ids else None
         with self._decoy_experts():
-            logits, _, _ = self._model_calls(self.ref_model, self.dtype, batch, ids)
+            logits, _, _ = self._model_calls(self.decoy_model, self.dtype, batch, ids)
         return [logits]
 
 

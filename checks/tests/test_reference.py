@@ -270,3 +270,98 @@ def test_truth_runs_tensor_float_casts_in_float64():
     assert torch.allclose(w64, chosen / chosen.sum(-1, keepdim=True), rtol=1e-14, atol=0)
     assert not torch.allclose(w32.double(), w64, rtol=1e-12, atol=0)
     assert torch.ones(2).float().dtype == torch.float32
+
+
+def _answers(o: Oracle, unit: str, batch: Batch):
+    u = units.get(unit)
+    inputs = u.global_inputs(batch, o.config.to_dict(), o.dtype)
+    return o.answer(lambda: u.reference(o, 0, batch, inputs), lambda: u.decoys(o, 0, batch, inputs))
+
+
+def _flat(answer) -> list[torch.Tensor]:
+    uref, variants = answer
+    router = [p for t, r in uref.router for p in (*t, *r)]
+    return [uref.truth, uref.ref, *router, *uref.layers_truth, *uref.layers_ref, *variants]
+
+
+@pytest.mark.parametrize("unit", ["moe", "decoder", "model"])
+def test_threaded_oracle_answers_as_one_thread(unit):
+    """`Oracle.answer` with `threaded` (the truth and the reference in a worker thread while this thread computes
+    the decoys on a model copy of their own: the default on CUDA) answers bit for bit as one thread does: truth,
+    reference, router probabilities, per-layer outputs and decoys, for rows, right-padded requests and a whole
+    model. Control: the same comparison fails where the worker's reference ran with other experts (sharing one
+    model object between the threads let that happen: `experts_as` switches a model object's experts, and on CUDA
+    the decoys' add a token's expert outputs in the dtype; on the CPU both add them so, batched_mm in float32)."""
+    from dpep_parity.checks.oracle.reference import experts_as
+    path = str(fixture_path("qwen3-moe"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one, two = Oracle(path, "bfloat16"), Oracle(path, "bfloat16", threaded=True)
+    assert not one.threaded and one.decoy_model is one.ref_model            # on the CPU: one thread by default
+    assert two.threaded and two.decoy_model is not two.ref_model
+    batch = Batch(((Request(0, 5), Request(3, 2)), (Request(2, 4),)), seed=17)
+    want, got = _flat(_answers(one, unit, batch)), _flat(_answers(two, unit, batch))
+    assert len(want) == len(got) and all(torch.equal(a, b) for a, b in zip(want, got))
+    if unit == "moe":
+        with experts_as(two.ref_model, "batched_mm"):
+            raced = _flat(_answers(two, unit, batch))
+        assert not torch.equal(raced[1], want[1]), "control: the reference with other experts differs"
+
+
+def test_threaded_oracle_waits_for_its_worker_when_the_decoys_fail():
+    """An error in the decoys reaches the caller, raised only after the worker's truth and reference are done
+    (nothing of the oracle is still in use when the caller sees the error)."""
+    import threading
+    import time
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o = Oracle(str(fixture_path("qwen3-moe")), "bfloat16", threaded=True)
+    done = threading.Event()
+
+    def slow_reference():
+        time.sleep(0.3)
+        done.set()
+
+    def failing_decoys():
+        raise RuntimeError("decoys failed")
+    with pytest.raises(RuntimeError, match="decoys failed"):
+        o.answer(slow_reference, failing_decoys)
+    assert done.is_set() and o._open == 0
+
+
+def test_tensor_float_reads_float64_in_its_own_thread_only():
+    """The truth's `Tensor.float()` as float64 (`_tensor_float_is_float64`, MiniMax-M2's router) holds in the thread
+    that entered it: the decoys, computed in the other thread meanwhile, keep float32; torch's own method is back
+    after the last thread leaves. Control: the patch as it was (process-wide) is seen by the other thread."""
+    import contextlib
+    import threading
+
+    from dpep_parity.checks.oracle.reference import _tensor_float_is_float64
+
+    @contextlib.contextmanager
+    def process_wide():        # the negative control: the patch before the oracle had a worker thread
+        before = torch.Tensor.float
+        torch.Tensor.float = lambda self, *a, **kw: self.to(torch.float64)
+        try:
+            yield
+        finally:
+            torch.Tensor.float = before
+
+    def truth(patch, inside, go, seen):      # the worker: inside the patch until told to leave
+        with patch():
+            seen.append(torch.ones(1).float().dtype)
+            inside.set()
+            go.wait(10)
+
+    own = torch.Tensor.float
+    for patch, leaks in ((_tensor_float_is_float64, False), (process_wide, True)):
+        inside, go, seen = threading.Event(), threading.Event(), []
+        t = threading.Thread(target=truth, args=(patch, inside, go, seen))
+        t.start()
+        assert inside.wait(10)
+        other = torch.ones(1).float().dtype        # this thread, while the other is inside
+        go.set()
+        t.join(10)
+        assert seen == [torch.float64]
+        assert (other == torch.float64) == leaks, patch.__name__
+        assert torch.Tensor.float is own

@@ -1,10 +1,13 @@
 """The GPU tier's figures (docs/gpu.md): throughput, overhead, and the tolerance model at production size.
 
     python -m checks.tools.bench_gpu bench     [--fixture F] [--units moe,decoder] [--sizes 1,2,4] [--examples 20]
+                                               [--overlap auto|on|off] [--oracle-thread on|off]
     python -m checks.tools.bench_gpu tolerance [--fixtures F,G] [--units moe,decoder] [--dtypes bfloat16]
     python -m checks.tools.bench_gpu gemm      (split-K bf16 GEMMs at the layers' shapes through cuBLAS)
     python -m checks.tools.bench_gpu judge     [--fixture F] [--units moe] [--sizes 1,4] [--examples 2] [--calls 20]
                                                [--profile]
+    python -m checks.tools.bench_gpu oracle    [--fixture F] [--units moe,decoder] [--sizes 1,4] [--examples 8] [--trace N]
+                                               [--oracle-thread on|off]
 
 `bench`: the spec target at 1, 2 and 4 ranks on the visible GPU(s) (one GPU: NCCL for 1 rank, gloo with
 CUDA tensors for 2 and 4; `--device cpu` for the CPU tier on a tiny fixture), layout tp = dp = ep = N,
@@ -21,6 +24,10 @@ row's scale, and relative) next to the spec target's error against its bound, an
 `judge`: the judge alone (checks.judge.parity.judge, the oracle's answer cached by a first call), `--calls` times
 on each of the first `--examples` benchmark batches, after one run of the ranks; with `--profile`, cProfile's top functions by
 cumulative time (docs/gpu.md, third pass: profiled on the CPU with the production-size layer).
+
+`oracle`: the oracle alone (checks.judge.parity.oracle_outputs, uncached), per example its wall time, the host's
+time to queue its work before it waits for the device (`queued`) and its phases' GPU time; `--trace N`: torch.profiler
+over N examples, top operators by the host's own time.
 
 `gemm`: checks.tools.calibrate's split-K experiment on the device: one bf16 GEMM through cuBLAS (the reference)
 versus the same GEMM cut over P partials, each rounded to bf16 and summed in bf16 (a row-parallel linear +
@@ -222,7 +229,7 @@ def cmd_bench(a) -> int:
           f"{a.warmup} warm-up; medians per example, ms. Oracle: truth experts {oracle_experts.truth_experts()}, "
           f"reference experts {oracle_experts.reference_experts(dt, a.device)}; fused = one single-device forward "
           f"of the same rows, experts {_fused_experts()}; oracle beside the ranks: {a.overlap} (MPS daemon: "
-          f"{gpus.mps_daemon() or 'none'})", flush=True)
+          f"{gpus.mps_daemon() or 'none'}); oracle's worker thread: {a.oracle_thread}", flush=True)
     print("| unit | ranks | backend | examples/s | example ms | " + " | ".join(f"{p} ms" for p in PARTS)
           + " | oracle ms | fused ms | oracle / fused | example / fused | rows | pass |")
     print("|" + "---|" * (len(PARTS) + 11))
@@ -294,6 +301,54 @@ def cmd_judge(a) -> int:
                       f"{'yes' if r.ok else 'NO'} |", flush=True)
     if prof:
         pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
+    return 0
+
+
+def cmd_oracle(a) -> int:
+    """The oracle alone, uncached, one process: per example its wall time, the host's time to queue it (`queued`:
+    where that is close to the wall, the oracle is bound by the CPU that launches its kernels, not by the GPU),
+    and the GPU time of its phases; with `--trace`, torch.profiler's top operators by the host's own time."""
+    from dpep_parity.checks.judge.parity import oracle_outputs
+    from dpep_parity.checks.oracle import reference
+    from dpep_parity.fixtures.build import fixture_path
+    path = str(fixture_path(a.fixture))
+    uncached = oracle_outputs.__wrapped__
+    print(f"# oracle alone: {a.fixture}, {a.dtype}, device {a.device}, {a.examples} examples after "
+          f"{a.warmup} warm-up; medians, ms; worker thread: {a.oracle_thread}")
+    print("| unit | ranks | rows | wall ms | queued ms | truth ms | reference ms | variants ms |\n"
+          "|---|---|---|---|---|---|---|---|")
+    rows = []
+    for unit in a.units.split(","):
+        for n in map(int, a.sizes.split(",")):
+            batches = [bench_batch(n, i) for i in range(a.warmup + a.examples)]
+            for b in batches[: a.warmup]:
+                uncached(path, a.dtype, a.device, None, unit, 0, b)
+            parts = []
+            for b in batches[a.warmup:]:
+                reference.PROFILE = prof = {}
+                t = time.perf_counter()
+                try:
+                    uncached(path, a.dtype, a.device, None, unit, 0, b)
+                finally:
+                    reference.PROFILE = None
+                parts.append(dict(prof, wall=time.perf_counter() - t))
+            med = {k: 1e3 * statistics.median(p.get(k, 0.0) for p in parts)
+                   for k in ("wall", "queued", "truth", "reference", "variants")}
+            rows.append(dict(unit=unit, ranks=n, rows=sum(batches[-1].tokens_per_dp()), **med))
+            print(f"| {unit} | {n} | {rows[-1]['rows']} | " + " | ".join(f"{v:.2f}" for v in med.values()) + " |",
+                  flush=True)
+            if a.trace:
+                from torch.profiler import ProfilerActivity, profile
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device.startswith("cuda") else [])
+                with profile(activities=acts) as p:
+                    for b in batches[a.warmup: a.warmup + a.trace]:
+                        uncached(path, a.dtype, a.device, None, unit, 0, b)
+                print(f"\n{unit} at {n} ranks' batches, {a.trace} examples:\n```")
+                print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+                print("```", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 
@@ -470,10 +525,20 @@ def main(argv=None) -> int:
     j.add_argument("--examples", type=int, default=2)
     j.add_argument("--calls", type=int, default=20)
     j.add_argument("--profile", action="store_true")
-    for p in (b, j):            # one example's fixture and dtype: the benchmark's and the judge's
+    o = sub.add_parser("oracle")
+    o.add_argument("--units", default="moe,decoder")
+    o.add_argument("--sizes", default="1,4")
+    o.add_argument("--examples", type=int, default=8)
+    o.add_argument("--warmup", type=int, default=2)
+    o.add_argument("--trace", type=int, default=0, help="examples to trace with torch.profiler (0: none)")
+    for p in (b, o):
+        p.add_argument("--oracle-thread", choices=("on", "off"), default="on",
+                       help="on CUDA, the oracle's truth and reference queued by a worker thread while the decoys are "
+                            "queued (checks.oracle.reference.Oracle.answer), or all in one thread")
+    for p in (b, j, o):         # one example's fixture and dtype: the benchmark's, the judge's, the oracle's
         p.add_argument("--fixture", default="qwen3-30b-a3b-layer")
         p.add_argument("--dtype", default="bfloat16")
-    for p in (b, t, g, j):
+    for p in (b, t, g, j, o):
         p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
         p.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -482,7 +547,11 @@ def main(argv=None) -> int:
     import warnings
     warnings.filterwarnings("ignore")
     gpus.limit_controller_threads(a.device)
-    return {"bench": cmd_bench, "tolerance": cmd_tolerance, "gemm": cmd_gemm, "judge": cmd_judge}[a.cmd](a)
+    if getattr(a, "oracle_thread", None):
+        from dpep_parity.checks.oracle import reference
+        reference.THREADED = a.oracle_thread == "on"
+    return {"bench": cmd_bench, "tolerance": cmd_tolerance, "gemm": cmd_gemm, "judge": cmd_judge,
+            "oracle": cmd_oracle}[a.cmd](a)
 
 
 if __name__ == "__main__":
