@@ -55,6 +55,20 @@ def limit_controller_threads(device: str) -> int | None:
     return n
 
 
+ORACLE_THREAD_DEFAULT = "1"
+
+
+def oracle_thread() -> bool:
+    """DPEP_ORACLE_THREAD: 1 (the default) puts the oracle's float64 truth and its reference in a worker thread
+    while the calling thread computes the decoys, where both run on CUDA (checks.oracle.reference, `Oracle.answer`);
+    0 keeps them in one thread. A ValueError naming it otherwise (the suite refuses it before it runs)."""
+    raw = os.environ.get("DPEP_ORACLE_THREAD", ORACLE_THREAD_DEFAULT).strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"DPEP_ORACLE_THREAD={raw!r}: 1 (the oracle's truth and reference in a worker thread "
+                         "beside its decoys, on CUDA) or 0 (one thread)")
+    return raw == "1"
+
+
 def controller_threads() -> int:
     """DPEP_CONTROLLER_THREADS as a number (default 4); a ValueError naming it otherwise (checked on every device:
     the suite refuses a broken setting before it runs, as it does a broken option)."""

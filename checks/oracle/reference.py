@@ -29,6 +29,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from dpep_parity.checks.core.batches import DTYPES, Batch
+from dpep_parity.checks.harness import gpus
 from dpep_parity.checks.oracle import oracle_experts
 from dpep_parity.fixtures import families
 
@@ -49,8 +50,9 @@ class UnitRef:
 # the phase's first queued kernel to its last), settled when the Oracle's call returns: synchronizing at every
 # phase boundary would stop the next phase's kernels being queued while the last one's run, which is what is timed.
 PROFILE: dict[str, float] | None = None
-# Oracle's `threaded` default (checks.tools.bench_gpu sets it for its before / after)
-THREADED = True
+# Oracle's `threaded` default where both models are on CUDA: None reads DPEP_ORACLE_THREAD
+# (checks.harness.gpus.oracle_thread); checks.tools.bench_gpu sets True or False for its before / after
+THREADED: bool | None = None
 _PENDING: list = []     # (name, start event, end event) of CUDA phases not yet settled
 
 
@@ -233,8 +235,8 @@ class Oracle:
     `truth_device`: where the float64 truth runs (default: `device`); `truth_stream`: on CUDA, the truth on a
     stream of its own, beside the reference and the decoys (False: on the current stream, in line with them);
     `threaded`: `answer` computes the truth and the reference in a worker thread while the calling thread computes
-    the decoys, on a model copy of their own (default: THREADED where both models are on CUDA; on the CPU, where
-    the cores are the oracle's already, only when asked)."""
+    the decoys, on a model copy of their own (default: where both models are on CUDA, THREADED, or else
+    DPEP_ORACLE_THREAD; on the CPU, where the cores are the oracle's already, only when asked)."""
 
     def __init__(self, model_dir: str, dtype: str, device: str = "cpu", truth_device: str | None = None,
                  truth_stream: bool = True, threaded: bool | None = None):
@@ -249,8 +251,10 @@ class Oracle:
         self.config = self.truth_model.config
         dev = _dev(self.truth_model)
         self.truth_stream = _side_stream(str(dev)) if truth_stream and dev.type == "cuda" else None
-        on_cuda = dev.type == "cuda" and _dev(self.ref_model).type == "cuda"
-        self.threaded = THREADED and on_cuda if threaded is None else threaded
+        if threaded is None:
+            on_cuda = dev.type == "cuda" and _dev(self.ref_model).type == "cuda"
+            threaded = on_cuda and (gpus.oracle_thread() if THREADED is None else THREADED)
+        self.threaded = threaded
         self.decoy_model = load_model(self.dir, dtype, self.device, ref_experts, "decoys") if self.threaded \
             else self.ref_model
         self._open = 0

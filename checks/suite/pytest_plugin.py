@@ -52,11 +52,12 @@ def pytest_configure(config):
                                    config.getoption("--dtypes"), config.getoption("--models"),
                                    config.getoption("--deadline"), config.getoption("--device"))
     bad += profiles.problems() + configure_world(config)
-    from dpep_parity.checks.harness.gpus import controller_threads
-    try:
-        controller_threads()
-    except ValueError as e:
-        bad.append(str(e))
+    from dpep_parity.checks.harness.gpus import controller_threads, oracle_thread
+    for setting in (controller_threads, oracle_thread):
+        try:
+            setting()
+        except ValueError as e:
+            bad.append(str(e))
     if config.getoption("--device") == "cuda" and not hasattr(config, "workerinput"):
         from dpep_parity.checks.harness.gpus import visible_gpus
         if not visible_gpus():   # read with nvidia-smi: nothing initializes CUDA in the controller

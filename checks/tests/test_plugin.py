@@ -170,3 +170,22 @@ def test_a_broken_controller_thread_count_is_a_usage_error_before_anything_runs(
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert p.returncode == 4, p.stdout + p.stderr
     assert "DPEP_CONTROLLER_THREADS='four'" in p.stdout + p.stderr
+
+
+def test_a_broken_oracle_thread_setting_is_a_usage_error_before_anything_runs(monkeypatch):
+    """DPEP_ORACLE_THREAD takes 1 or 0; anything else is named before anything is collected (exit 4), as
+    DPEP_CONTROLLER_THREADS is. Controls: 0 and 1 read as off and on."""
+    import os
+    import subprocess
+    import sys
+
+    from dpep_parity.checks.harness.gpus import oracle_thread
+    for raw, on in (("1", True), ("0", False)):
+        monkeypatch.setenv("DPEP_ORACLE_THREAD", raw)
+        assert oracle_thread() is on
+    env = dict(os.environ, DPEP_ORACLE_THREAD="yes")
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+                        "checks/tests/test_topology.py"], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "DPEP_ORACLE_THREAD='yes'" in p.stdout + p.stderr

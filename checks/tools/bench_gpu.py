@@ -508,9 +508,9 @@ def main(argv=None) -> int:
     b.add_argument("--examples", type=int, default=20)
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
-                   help="the oracle computed while the ranks compute: auto as the suite does (CPU ranks, or GPU ranks where "
-                        "an MPS daemon listens), on, "
-                        "off (on one GPU, 'on' pays only where the GPU runs both processes' kernels at once: MPS)")
+                   help="the oracle computed while the ranks compute: auto decides as the suite does (CPU ranks, or GPU "
+                        "ranks where an MPS daemon listens); on; off. On one GPU, on pays only where the GPU runs both "
+                        "processes' kernels at once (MPS)")
     t = sub.add_parser("tolerance")
     t.add_argument("--fixtures", default="qwen3-30b-a3b-layer,qwen2-57b-a14b-layer-e16")
     t.add_argument("--units", default="moe,decoder")
