@@ -160,14 +160,19 @@ def test_gpu_ranks_run_beside_the_oracle_only_under_a_listening_mps_daemon(monke
         gpus.mps_daemon.cache_clear()
 
 
-def test_a_broken_controller_thread_count_is_a_usage_error_before_anything_runs():
+def _collect_with(name: str, value: str):
+    """pytest --collect-only of one small test file in a child process with environment variable `name` set."""
     import os
     import subprocess
     import sys
-    env = dict(os.environ, DPEP_CONTROLLER_THREADS="four")
-    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
-                        "checks/tests/test_topology.py"], capture_output=True, text=True, env=env,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+                           "checks/tests/test_topology.py"], capture_output=True, text=True,
+                          env=dict(os.environ, **{name: value}),
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def test_a_broken_controller_thread_count_is_a_usage_error_before_anything_runs():
+    p = _collect_with("DPEP_CONTROLLER_THREADS", "four")
     assert p.returncode == 4, p.stdout + p.stderr
     assert "DPEP_CONTROLLER_THREADS='four'" in p.stdout + p.stderr
 
@@ -175,17 +180,10 @@ def test_a_broken_controller_thread_count_is_a_usage_error_before_anything_runs(
 def test_a_broken_oracle_thread_setting_is_a_usage_error_before_anything_runs(monkeypatch):
     """DPEP_ORACLE_THREAD takes 1 or 0; anything else is named before anything is collected (exit 4), as
     DPEP_CONTROLLER_THREADS is. Controls: 0 and 1 read as off and on."""
-    import os
-    import subprocess
-    import sys
-
     from dpep_parity.checks.harness.gpus import oracle_thread
     for raw, on in (("1", True), ("0", False)):
         monkeypatch.setenv("DPEP_ORACLE_THREAD", raw)
         assert oracle_thread() is on
-    env = dict(os.environ, DPEP_ORACLE_THREAD="yes")
-    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
-                        "checks/tests/test_topology.py"], capture_output=True, text=True, env=env,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    p = _collect_with("DPEP_ORACLE_THREAD", "yes")
     assert p.returncode == 4, p.stdout + p.stderr
     assert "DPEP_ORACLE_THREAD='yes'" in p.stdout + p.stderr
