@@ -8,12 +8,13 @@
 # bench (the benchmark, alone on the GPU); ab (the benchmark of an older checkout at BEFORE=DIR and of this one,
 # alternating AB_ROUNDS times (default 2) on the same GPU: the before / after tables of docs/gpu.md); mps (the
 # benchmark under NVIDIA MPS, the oracle after and beside the ranks, MPS_UNITS; with MPS_TIER, the production-size
-# tests -k MPS_TIER under it). `smoke tests`, `bench` and `ab`
-# each fit in one 10-minute call.
+# tests -k MPS_TIER under it); thread (the oracle's worker thread, DPEP_ORACLE_THREAD: its bit-for-bit tests at
+# production size, then the benchmark and the oracle alone with it off and on). `smoke tests`, `bench`, `ab` and
+# `thread` each fit in one 10-minute call.
 # Production-size weights are drawn from their seeds here, into DPEP_FIXTURE_CACHE (~5 GB).
 # Every stage has a time limit (SIGINT first, so pytest still prints its summary). Files in OUT:
 # summary.txt, tiny.log, tier.log, gemm.md, tolerance.md, tolerance.json, bench.md, bench.json,
-# ab-{before,after}-{1,2}.{md,json}.
+# ab-{before,after}-{1,2}.{md,json}, thread-tier.log, thread-{bench,oracle}-{off,on}.{md,json}, mps-*.
 set -u
 STAGES="${*:-smoke tests bench}"
 . "$(dirname "$0")/device_common.sh" runs/gpu
@@ -84,6 +85,24 @@ if has ab; then      # BEFORE: an older checkout (git archive COMMIT | tar -x -C
     done
   done
 fi
+if has thread; then  # the oracle's worker thread (DPEP_ORACLE_THREAD): the bit-for-bit tests, then off against on
+  stamp "thread: the oracle tests, then the benchmark and the oracle alone with its worker thread off / on"
+  lim 150 $PY -m fixtures build --large >> "$S" 2>&1
+  lim 100 $PY -m pytest property_tests/test_gpu.py -p no:xdist --device cuda -p no:cacheprovider -q \
+    -k "settled or own_stream" > "$OUT/thread-tier.log" 2>&1
+  echo "thread tier exit $?" >> "$S"; tail -n 3 "$OUT/thread-tier.log" >> "$S"
+  for t in off on; do
+    lim 100 $PY -m checks.tools.bench_gpu bench --units moe,decoder --sizes 1,4 --examples 16 --oracle-thread $t \
+      --json "$OUT/thread-bench-$t.json" > "$OUT/thread-bench-$t.md" 2>&1
+    echo "thread bench $t exit $?" >> "$S"
+  done
+  for t in off on; do   # the oracle alone: its wall and the host's time to queue it; torch.profiler once
+    lim 60 $PY -m checks.tools.bench_gpu oracle --units moe,decoder --sizes 1,4 --examples 8 --oracle-thread $t \
+      --trace "$([ $t = off ] && echo 1 || echo 0)" --json "$OUT/thread-oracle-$t.json" > "$OUT/thread-oracle-$t.md" 2>&1
+    echo "thread oracle $t exit $?" >> "$S"
+  done
+fi
+
 if has mps; then     # the oracle beside the ranks, their kernels run at once under MPS (the control daemon is
   # started here and quit on the way out; where it cannot start, the stage says so and is skipped)
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/dpep-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/dpep-mps-log

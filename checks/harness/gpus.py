@@ -55,13 +55,14 @@ def limit_controller_threads(device: str) -> int | None:
     return n
 
 
-ORACLE_THREAD_DEFAULT = "1"
+# Off until measured on a GPU (docs/gpu.md, fifth pass): the worker thread is tested bit for bit on the CPU only
+ORACLE_THREAD_DEFAULT = "0"
 
 
 def oracle_thread() -> bool:
-    """DPEP_ORACLE_THREAD: 1 (the default) puts the oracle's float64 truth and its reference in a worker thread
-    while the calling thread computes the decoys, where both run on CUDA (checks.oracle.reference, `Oracle.answer`);
-    0 keeps them in one thread. A ValueError naming it otherwise (the suite refuses it before it runs)."""
+    """DPEP_ORACLE_THREAD: 1 puts the oracle's float64 truth and its reference in a worker thread while the calling
+    thread computes the decoys, where both run on CUDA (checks.oracle.reference, `Oracle.answer`); 0 (the default)
+    keeps them in one thread. A ValueError naming it otherwise (the suite refuses it before it runs)."""
     raw = os.environ.get("DPEP_ORACLE_THREAD", ORACLE_THREAD_DEFAULT).strip()
     if raw not in ("0", "1"):
         raise ValueError(f"DPEP_ORACLE_THREAD={raw!r}: 1 (the oracle's truth and reference in a worker thread "

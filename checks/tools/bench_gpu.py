@@ -1,13 +1,13 @@
 """The GPU tier's figures (docs/gpu.md): throughput, overhead, and the tolerance model at production size.
 
     python -m checks.tools.bench_gpu bench     [--fixture F] [--units moe,decoder] [--sizes 1,2,4] [--examples 20]
-                                               [--overlap auto|on|off] [--oracle-thread on|off]
+                                               [--overlap auto|on|off] [--oracle-thread auto|on|off]
     python -m checks.tools.bench_gpu tolerance [--fixtures F,G] [--units moe,decoder] [--dtypes bfloat16]
     python -m checks.tools.bench_gpu gemm      (split-K bf16 GEMMs at the layers' shapes through cuBLAS)
     python -m checks.tools.bench_gpu judge     [--fixture F] [--units moe] [--sizes 1,4] [--examples 2] [--calls 20]
                                                [--profile]
     python -m checks.tools.bench_gpu oracle    [--fixture F] [--units moe,decoder] [--sizes 1,4] [--examples 8] [--trace N]
-                                               [--oracle-thread on|off]
+                                               [--oracle-thread auto|on|off]
 
 `bench`: the spec target at 1, 2 and 4 ranks on the visible GPU(s) (one GPU: NCCL for 1 rank, gloo with
 CUDA tensors for 2 and 4; `--device cpu` for the CPU tier on a tiny fixture), layout tp = dp = ep = N,
@@ -229,7 +229,7 @@ def cmd_bench(a) -> int:
           f"{a.warmup} warm-up; medians per example, ms. Oracle: truth experts {oracle_experts.truth_experts()}, "
           f"reference experts {oracle_experts.reference_experts(dt, a.device)}; fused = one single-device forward "
           f"of the same rows, experts {_fused_experts()}; oracle beside the ranks: {a.overlap} (MPS daemon: "
-          f"{gpus.mps_daemon() or 'none'}); oracle's worker thread: {a.oracle_thread}", flush=True)
+          f"{gpus.mps_daemon() or 'none'}); oracle's worker thread (CUDA): {_oracle_thread_mode()}", flush=True)
     print("| unit | ranks | backend | examples/s | example ms | " + " | ".join(f"{p} ms" for p in PARTS)
           + " | oracle ms | fused ms | oracle / fused | example / fused | rows | pass |")
     print("|" + "---|" * (len(PARTS) + 11))
@@ -304,6 +304,12 @@ def cmd_judge(a) -> int:
     return 0
 
 
+def _oracle_thread_mode() -> str:
+    """Whether Oracles made now on CUDA put the truth and the reference in their worker thread ('on' / 'off')."""
+    from dpep_parity.checks.oracle import reference
+    return "on" if (gpus.oracle_thread() if reference.THREADED is None else reference.THREADED) else "off"
+
+
 def cmd_oracle(a) -> int:
     """The oracle alone, uncached, one process: per example its wall time, the host's time to queue it (`queued`:
     where that is close to the wall, the oracle is bound by the CPU that launches its kernels, not by the GPU),
@@ -314,7 +320,7 @@ def cmd_oracle(a) -> int:
     path = str(fixture_path(a.fixture))
     uncached = oracle_outputs.__wrapped__
     print(f"# oracle alone: {a.fixture}, {a.dtype}, device {a.device}, {a.examples} examples after "
-          f"{a.warmup} warm-up; medians, ms; worker thread: {a.oracle_thread}")
+          f"{a.warmup} warm-up; medians, ms; worker thread (CUDA): {_oracle_thread_mode()}")
     print("| unit | ranks | rows | wall ms | queued ms | truth ms | reference ms | variants ms |\n"
           "|---|---|---|---|---|---|---|---|")
     rows = []
@@ -532,9 +538,10 @@ def main(argv=None) -> int:
     o.add_argument("--warmup", type=int, default=2)
     o.add_argument("--trace", type=int, default=0, help="examples to trace with torch.profiler (0: none)")
     for p in (b, o):
-        p.add_argument("--oracle-thread", choices=("on", "off"), default="on",
+        p.add_argument("--oracle-thread", choices=("auto", "on", "off"), default="auto",
                        help="on CUDA, the oracle's truth and reference queued by a worker thread while the decoys are "
-                            "queued (checks.oracle.reference.Oracle.answer), or all in one thread")
+                            "queued (checks.oracle.reference.Oracle.answer: on), or all in one thread (off); auto: as "
+                            "the suite decides (DPEP_ORACLE_THREAD)")
     for p in (b, j, o):         # one example's fixture and dtype: the benchmark's, the judge's, the oracle's
         p.add_argument("--fixture", default="qwen3-30b-a3b-layer")
         p.add_argument("--dtype", default="bfloat16")
@@ -547,7 +554,7 @@ def main(argv=None) -> int:
     import warnings
     warnings.filterwarnings("ignore")
     gpus.limit_controller_threads(a.device)
-    if getattr(a, "oracle_thread", None):
+    if getattr(a, "oracle_thread", "auto") != "auto":
         from dpep_parity.checks.oracle import reference
         reference.THREADED = a.oracle_thread == "on"
     return {"bench": cmd_bench, "tolerance": cmd_tolerance, "gemm": cmd_gemm, "judge": cmd_judge,
