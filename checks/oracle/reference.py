@@ -423,6 +423,9 @@ class Oracle:
     # reference these sample the error one device legitimately makes. Each unit picks its kind (checks.units).
     # The evaluations among decoys (the 7-row one for the MoE block) also take the other legitimate habit of
     # adding a token's expert outputs (`self.decoy_experts`: in the dtype where the reference adds in float32).
+    # Decoy rows are drawn in float32, as the inputs are (checks.core.batches.seq_inputs): a float64 draw and its
+    # conversion took a quarter of the decoder's oracle host time on the H100 (docs/gpu.md, fifth pass); on 2 cores
+    # 2.42 -> 0.42 ms for 2 x 40 x 2048 drawn and rounded to bfloat16.
     def _decoy_experts(self):
         return experts_as(self.decoy_model, self.decoy_experts)
 
@@ -436,7 +439,7 @@ class Oracle:
         block = model.model.layers[layer].mlp
         out = []
         for extra in (1, 7):
-            decoys = torch.randn(extra, x.shape[1], generator=g, dtype=torch.float64).to(dt)
+            decoys = torch.randn(extra, x.shape[1], generator=g, dtype=torch.float32).to(dt)   # as seq_inputs
             with self._decoy_experts() if extra == 7 else contextlib.nullcontext():
                 out.append(_to_host(_hidden(block(_to_device(torch.cat([x.to(dt), decoys]), _dev(model))[None]))
                                     [0, : x.shape[0]]))
@@ -450,7 +453,7 @@ class Oracle:
         length: other company for every row, one forward."""
         g = torch.Generator().manual_seed(batch.seed + 1)
         longest = max([s.shape[0] for s in seqs] + [1])
-        decoys = list(torch.randn(2, longest, self.config.hidden_size, generator=g, dtype=torch.float64))
+        decoys = list(torch.randn(2, longest, self.config.hidden_size, generator=g, dtype=torch.float32))
         with self._decoy_experts():
             rows, _ = self._padded_requests(self.decoy_model, self.dtype, batch, seqs, fn, [], extra=decoys)
         return [rows]
