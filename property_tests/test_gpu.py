@@ -146,7 +146,9 @@ def test_oracle_answers_are_settled_cpu_rows_equal_to_synchronous_copies(gpu):
     """The oracle queues its copies to and from the GPU without waiting (checks/oracle/reference.py: `_to_host`,
     `_to_device`, `_settled`): what its calls return is on the CPU, complete, and equal bit for bit to the same
     forwards copied back one synchronous `.cpu()` at a time, for the truth, the reference, the router taps and
-    the decoys, on the production-size MoE block."""
+    the decoys, on the production-size MoE block; in one thread and with the oracle's worker thread (`threaded`)."""
+    from functools import partial
+
     import torch
 
     from dpep_parity.checks import units
@@ -154,23 +156,23 @@ def test_oracle_answers_are_settled_cpu_rows_equal_to_synchronous_copies(gpu):
     from dpep_parity.checks.oracle.reference import Oracle, _RouterTap
     path, dtype = str(fixture_path(QWEN3)), DTYPES[0]
     config, _ = load_weights(path)
-    o = Oracle(path, dtype, gpu.device)
     batch = Batch(((R(0, 24), R(0, 8)), tuple(R(16 + j, 1) for j in range(8))), seed=5)
     moe = units.get("moe")
-    x = moe.global_inputs(batch, config, o.dtype)[0]
-    # as checks.judge.parity.oracle_outputs: the truth and the reference in the worker thread beside the decoys
-    got, decoys = o.answer(lambda: o.mlp(0, x), lambda: o.decoy_rows(0, batch, x))
-    for name, model, dt, out, probs in (("truth", o.truth_model, torch.float64, got.truth, got.router[0][0]),
-                                        ("reference", o.ref_model, o.dtype, got.ref, got.router[0][1])):
-        with torch.no_grad(), _RouterTap(model) as tap:
-            want = model.model.layers[0].mlp(x.to(dt).to(next(model.parameters()).device)[None])
-            want = (want[0] if isinstance(want, tuple) else want).reshape(x.shape[0], -1).cpu()
-            want_probs = torch.softmax(tap.logits[0], dim=-1).cpu()
-        assert out.device.type == "cpu" and torch.equal(out, want), name
-        assert torch.equal(probs, want_probs), f"{name} router probabilities"
-    assert all(d.device.type == "cpu" and d.shape == got.ref.shape and torch.isfinite(d.float()).all()
-               for d in decoys)
-    assert torch.equal(decoys[0], o.decoy_rows(0, batch, x)[0])     # settled: the same answer twice
+    for threaded in (False, True):      # as checks.judge.parity.oracle_outputs, one thread and the worker thread
+        o = Oracle(path, dtype, gpu.device, threaded=threaded)
+        x = moe.global_inputs(batch, config, o.dtype)[0]
+        got, decoys = o.answer(partial(o.mlp, 0, x), partial(o.decoy_rows, 0, batch, x))
+        for name, model, dt, out, probs in (("truth", o.truth_model, torch.float64, got.truth, got.router[0][0]),
+                                            ("reference", o.ref_model, o.dtype, got.ref, got.router[0][1])):
+            with torch.no_grad(), _RouterTap(model) as tap:
+                want = model.model.layers[0].mlp(x.to(dt).to(next(model.parameters()).device)[None])
+                want = (want[0] if isinstance(want, tuple) else want).reshape(x.shape[0], -1).cpu()
+                want_probs = torch.softmax(tap.logits[0], dim=-1).cpu()
+            assert out.device.type == "cpu" and torch.equal(out, want), (name, threaded)
+            assert torch.equal(probs, want_probs), f"{name} router probabilities (threaded {threaded})"
+        assert all(d.device.type == "cpu" and d.shape == got.ref.shape and torch.isfinite(d.float()).all()
+                   for d in decoys)
+        assert torch.equal(decoys[0], o.decoy_rows(0, batch, x)[0])     # settled: the same answer twice
 
 
 @pytest.mark.parametrize("unit", ["moe", "decoder"])

@@ -122,6 +122,19 @@ def _worker(device: str) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(1, thread_name_prefix=f"dpep-oracle-{device}")
 
 
+def _until_done(fut) -> None:
+    """Wait for the worker's future, also through an interrupt while waiting (re-raised once it is done): the
+    oracle's models and its settlement must not be left to a worker still running."""
+    pending = None
+    while not fut.done():
+        try:
+            futures_wait([fut])
+        except BaseException as e:      # noqa: BLE001 -- re-raised below, after the worker is done
+            pending = e
+    if pending is not None:
+        raise pending
+
+
 def _to_host(x: torch.Tensor) -> torch.Tensor:
     """`x` on the CPU; from CUDA a copy queued behind the kernels that make `x`, into pinned memory, that the
     CPU may read only after the device's synchronization (`_settled`)."""
@@ -305,9 +318,8 @@ class Oracle:
             fut = _worker(str(dev)).submit(work)
             try:
                 variants = decoys()
-            except BaseException:
-                futures_wait([fut])        # the worker's answer is dropped, its use of the models over
-                raise
+            finally:
+                _until_done(fut)     # on any way out (a decoy error, an interrupt) the worker is done first
             return fut.result(), variants
 
     @contextlib.contextmanager

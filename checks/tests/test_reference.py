@@ -1,7 +1,10 @@
 """The oracle is transformers: its rows equal Hugging Face's own model and modules run directly."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
+import threading
 import warnings
 
 import pytest
@@ -278,6 +281,24 @@ def _answers(o: Oracle, unit: str, batch: Batch):
     return o.answer(lambda: u.reference(o, 0, batch, inputs), lambda: u.decoys(o, 0, batch, inputs))
 
 
+@contextlib.contextmanager
+def _forward_threads(o: Oracle):
+    """{"truth" | "reference" | "decoys": the threads that ran a forward of any module of that model} while inside."""
+    seen: dict[str, set] = {"truth": set(), "reference": set(), "decoys": set()}
+    models = {"truth": o.truth_model, "reference": o.ref_model}
+    if o.decoy_model is not o.ref_model:
+        models["decoys"] = o.decoy_model
+    else:                               # one object: its forwards count as both
+        seen["decoys"] = seen["reference"]
+    hooks = [m.register_forward_pre_hook(lambda mod, args, _s=seen[name]: _s.add(threading.get_ident()))
+             for name, model in models.items() for m in model.modules()]
+    try:
+        yield seen
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def _flat(answer) -> list[torch.Tensor]:
     uref, variants = answer
     router = [p for t, r in uref.router for p in (*t, *r)]
@@ -289,9 +310,11 @@ def test_threaded_oracle_answers_as_one_thread(unit):
     """`Oracle.answer` with `threaded` (the truth and the reference in a worker thread while this thread computes
     the decoys on a model copy of their own: the default on CUDA) answers bit for bit as one thread does: truth,
     reference, router probabilities, per-layer outputs and decoys, for rows, right-padded requests and a whole
-    model. Control: the same comparison fails where the worker's reference ran with other experts (sharing one
-    model object between the threads let that happen: `experts_as` switches a model object's experts, and on CUDA
-    the decoys' add a token's expert outputs in the dtype; on the CPU both add them so, batched_mm in float32)."""
+    model; the truth's and the reference's forwards ran in the worker only, the decoys' in this thread only (forward
+    pre-hooks on every module). Controls: the comparison fails where the worker's reference ran with other experts
+    (sharing one model object between the threads let that happen: `experts_as` switches a model object's experts,
+    and on CUDA the decoys' add a token's expert outputs in the dtype; on the CPU both add them so, batched_mm in
+    float32); the thread check fails where the decoys share the reference's model object."""
     from dpep_parity.checks.oracle.reference import experts_as
     path = str(fixture_path("qwen3-moe"))
     with warnings.catch_warnings():
@@ -300,8 +323,19 @@ def test_threaded_oracle_answers_as_one_thread(unit):
     assert not one.threaded and one.decoy_model is one.ref_model            # on the CPU: one thread by default
     assert two.threaded and two.decoy_model is not two.ref_model
     batch = Batch(((Request(0, 5), Request(3, 2)), (Request(2, 4),)), seed=17)
-    want, got = _flat(_answers(one, unit, batch)), _flat(_answers(two, unit, batch))
+    want = _flat(_answers(one, unit, batch))
+    with _forward_threads(two) as seen:
+        got = _flat(_answers(two, unit, batch))
     assert len(want) == len(got) and all(torch.equal(a, b) for a, b in zip(want, got))
+    # the truth and the reference ran in the worker only, the decoys in this thread only (a shared model object,
+    # the control below, runs the reference model in both)
+    assert seen["truth"] and seen["reference"] and seen["decoys"]
+    assert threading.get_ident() not in seen["truth"] | seen["reference"] and seen["decoys"] == {threading.get_ident()}
+    shared = copy.copy(two)
+    shared.decoy_model = shared.ref_model
+    with _forward_threads(shared) as seen, contextlib.suppress(RuntimeError):
+        _answers(shared, unit, batch)      # may raise: the threads' router taps on one model can cross (the race)
+    assert threading.get_ident() in seen["reference"], "control: a shared model runs in both threads"
     if unit == "moe":
         with experts_as(two.ref_model, "batched_mm"):
             raced = _flat(_answers(two, unit, batch))
@@ -311,7 +345,6 @@ def test_threaded_oracle_answers_as_one_thread(unit):
 def test_threaded_oracle_waits_for_its_worker_when_the_decoys_fail():
     """An error in the decoys reaches the caller, raised only after the worker's truth and reference are done
     (nothing of the oracle is still in use when the caller sees the error)."""
-    import threading
     import time
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -333,9 +366,6 @@ def test_tensor_float_reads_float64_in_its_own_thread_only():
     """The truth's `Tensor.float()` as float64 (`_tensor_float_is_float64`, MiniMax-M2's router) holds in the thread
     that entered it: the decoys, computed in the other thread meanwhile, keep float32; torch's own method is back
     after the last thread leaves. Control: the patch as it was (process-wide) is seen by the other thread."""
-    import contextlib
-    import threading
-
     from dpep_parity.checks.oracle.reference import _tensor_float_is_float64
 
     @contextlib.contextmanager
@@ -365,3 +395,29 @@ def test_tensor_float_reads_float64_in_its_own_thread_only():
         assert seen == [torch.float64]
         assert (other == torch.float64) == leaks, patch.__name__
         assert torch.Tensor.float is own
+
+
+def test_threaded_oracle_waits_for_its_worker_through_an_interrupt(monkeypatch):
+    """An interrupt while the caller waits for the worker (Ctrl-C in a long truth) is raised only after the worker
+    is done: the wait is taken up again, then the interrupt goes on (`_until_done`)."""
+    import time
+
+    from dpep_parity.checks.oracle import reference
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o = Oracle(str(fixture_path("qwen3-moe")), "bfloat16", threaded=True)
+    done, waits, real = threading.Event(), [], reference.futures_wait
+
+    def interrupted_wait(fs):      # the first wait is interrupted, as a SIGINT in the waiting thread would be
+        waits.append(1)
+        if len(waits) == 1:
+            raise KeyboardInterrupt
+        return real(fs)
+
+    def slow_reference():
+        time.sleep(0.3)
+        done.set()
+    monkeypatch.setattr(reference, "futures_wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        o.answer(slow_reference, list)
+    assert done.is_set() and len(waits) >= 2 and o._open == 0
