@@ -79,6 +79,19 @@ def phase(name: str, device):
         PROFILE[name] = PROFILE.get(name, 0.0) + time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def profiled():
+    """PROFILE is a fresh dict inside (the one yielded) and None again on the way out, however it is left:
+    `checks.tools.bench_gpu`'s per-example phase times. Its CUDA phases are in the dict once the oracle's call
+    inside has returned (settled)."""
+    global PROFILE
+    PROFILE = prof = {}
+    try:
+        yield prof
+    finally:
+        PROFILE = None
+
+
 def _settle_profile() -> None:
     """The CUDA phases' times into PROFILE (their events have completed: called after a synchronization)."""
     while _PENDING:
@@ -109,9 +122,10 @@ def _settled(fn):
 
 
 @functools.lru_cache(maxsize=None)
-def _side_stream(device: str, role: str = "truth"):
-    """A CUDA stream of the oracle's own per device and role: the float64 truth's (`Oracle._on_truth_stream`),
-    the worker thread's (`Oracle.answer`)."""
+def _side_stream(device: str, role: str):
+    """A CUDA stream of the oracle's own per device and role: "truth", the float64 truth's
+    (`Oracle._on_truth_stream`); "worker", the worker thread's (`Oracle.answer`). `role` has no default: the cache
+    keys on the arguments as written, so a defaulted call and an explicit one would be two streams for one role."""
     return torch.cuda.Stream(device=torch.device(device))
 
 
@@ -148,12 +162,28 @@ def _to_device(x: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return x.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else x.to(dev)
 
 
-@functools.lru_cache(maxsize=12)   # four oracles: truth, reference, decoys (`Oracle.threaded`)
 def load_model(model_dir: str, dtype: str, device: str = "cpu", experts: str = "eager", instance: str = ""):
     """transformers' model from the fixture folder in `dtype` on `device`, its experts through transformers'
     `experts_implementation` switch (checks.oracle.oracle_experts: eager, grouped_mm, batched_mm, dpep_padded_bmm).
     `instance`: another copy of the same model (the decoys' own, `Oracle.threaded`: a module's forward hooks and its
-    experts switch are per object, and the reference's and the decoys' forwards may run at once)."""
+    experts switch are per object, and the reference's and the decoys' forwards may run at once). The copies have
+    a cache of their own, so that an unthreaded session keeps the models it kept before the copies existed."""
+    if instance:
+        return _load_copy(model_dir, dtype, device, experts, instance)
+    return _load(model_dir, dtype, device, experts)
+
+
+@functools.lru_cache(maxsize=8)    # four oracles: their truth and reference
+def _load(model_dir: str, dtype: str, device: str, experts: str):
+    return _from_pretrained(model_dir, dtype, device, experts)
+
+
+@functools.lru_cache(maxsize=4)    # the decoys' copies of four threaded oracles (`Oracle.threaded`)
+def _load_copy(model_dir: str, dtype: str, device: str, experts: str, instance: str):
+    return _from_pretrained(model_dir, dtype, device, experts)
+
+
+def _from_pretrained(model_dir: str, dtype: str, device: str, experts: str):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
@@ -263,7 +293,7 @@ class Oracle:
         self.decoy_experts = oracle_experts.decoy_experts(ref_experts)
         self.config = self.truth_model.config
         dev = _dev(self.truth_model)
-        self.truth_stream = _side_stream(str(dev)) if truth_stream and dev.type == "cuda" else None
+        self.truth_stream = _side_stream(str(dev), "truth") if truth_stream and dev.type == "cuda" else None
         if threaded is None:
             on_cuda = dev.type == "cuda" and _dev(self.ref_model).type == "cuda"
             threaded = on_cuda and (gpus.oracle_thread() if THREADED is None else THREADED)

@@ -421,3 +421,36 @@ def test_threaded_oracle_waits_for_its_worker_through_an_interrupt(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         o.answer(slow_reference, list)
     assert done.is_set() and len(waits) >= 2 and o._open == 0
+
+
+def test_profiled_times_the_oracles_phases_and_always_ends():
+    """`profiled()` (checks.tools.bench_gpu's per-example times): inside, an oracle call's phases and the host's time
+    to queue them land in the dict it yields; outside, nothing is timed, also after the body raised."""
+    from dpep_parity.checks.oracle import reference
+    o = oracle("qwen3-moe")
+    x = torch.randn(3, o.config.hidden_size)
+    with reference.profiled() as prof:
+        o.mlp(1, x)
+    assert {"truth", "reference", "queued"} <= prof.keys() and all(v > 0 for v in prof.values())
+    assert reference.PROFILE is None
+    with pytest.raises(RuntimeError, match="inside"), reference.profiled():
+        raise RuntimeError("inside")
+    assert reference.PROFILE is None
+    o.mlp(1, x)                          # outside: the dict of the last block is not written again
+    assert reference.PROFILE is None
+
+
+def test_decoy_copies_are_cached_apart_from_the_oracles_models():
+    """A threaded oracle's decoy model is a copy of the reference, loaded once and kept in a cache of its own: the
+    truth and reference models of unthreaded sessions keep their cache (8 models) to themselves."""
+    from dpep_parity.checks.oracle import reference
+    path = str(fixture_path("qwen3-moe"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a, b = Oracle(path, "bfloat16", threaded=True), Oracle(path, "bfloat16", threaded=True)
+    assert a.decoy_model is b.decoy_model and a.decoy_model is not a.ref_model and a.ref_model is b.ref_model
+    main = reference._load.cache_info()
+    copies = reference._load_copy.cache_info()
+    assert main.maxsize == 8 and copies.currsize >= 1
+    reference.load_model(path, "bfloat16", "cpu", a.decoy_experts or "eager", "decoys")
+    assert reference._load.cache_info() == main       # a copy never touches the main cache

@@ -137,16 +137,13 @@ def timed_example(target, unit, path, layout, batch, dtype, device, deadline_s=1
         spans["oracle"] = time.perf_counter() - t
 
     overlap = overlaps_oracle(world) if overlap is None else overlap
-    reference.PROFILE = prof = {}
-    t0 = time.perf_counter()
-    try:
+    with reference.profiled() as prof:
+        t0 = time.perf_counter()
         raw = world.run(CollectiveSeconds(UnitJob(target, unit, path, layout, batch, dtype, 0)),
                         meanwhile=oracle if overlap else None)
         t1 = time.perf_counter()
         if not overlap:
             oracle()
-    finally:
-        reference.PROFILE = None
     t2 = time.perf_counter()
     results = [RankResult(r.rank, r.value[0], r.records, r.seconds) for r in raw]
     slowest = max(raw, key=lambda r: r.seconds)
@@ -331,12 +328,9 @@ def cmd_oracle(a) -> int:
                 uncached(path, a.dtype, a.device, None, unit, 0, b)
             parts = []
             for b in batches[a.warmup:]:
-                reference.PROFILE = prof = {}
-                t = time.perf_counter()
-                try:
+                with reference.profiled() as prof:
+                    t = time.perf_counter()
                     uncached(path, a.dtype, a.device, None, unit, 0, b)
-                finally:
-                    reference.PROFILE = None
                 parts.append(dict(prof, wall=time.perf_counter() - t))
             med = {k: 1e3 * statistics.median(p.get(k, 0.0) for p in parts)
                    for k in ("wall", "queued", "truth", "reference", "variants")}
