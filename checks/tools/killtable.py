@@ -4,7 +4,8 @@ unmutated control, and say who caught what.
     python -m checks.tools.killtable [--jobs 2] [--only B14,B15] [--target pkg.mod:OBJ ...] [--control spec]
                                [--dtypes bfloat16] [--out reports] [--check] [-- PYTEST ARGS]
 
-Each target gets its own pytest process (`--target ... -x` on property_tests/test_parity.py and
+Each target gets its own pytest process (checks.tools.forked_pytest: forked from one that imported the heavy
+libraries once; `--target ... -x` on property_tests/test_parity.py and
 test_stateful.py, hypothesis profile `kill`: ci without shrinking, unless DPEP_PROFILE says otherwise), so a
 hang or crash in one cannot touch another.
 A kill is a property of the suite failing: a failed check of checks.judge.parity (parity, ownership, routing,
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +37,7 @@ from pathlib import Path
 from dpep_parity.checks.catalog.mutants import CATALOG, NOT_EXPRESSED
 from dpep_parity.checks.core.batches import DTYPES
 from dpep_parity.checks.core.records import REPORT_KEY, FailureRecord, RecordError
+from dpep_parity.checks.tools import forked_pytest
 from dpep_parity.progname import prog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,15 +54,11 @@ def run_suite(target: str, extra: list[str], timeout_s: float) -> dict:
     """One pytest run of the property suite on `target`: exit code, time, and its failing test cases."""
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "junit.xml")
-        cmd = [sys.executable, "-m", "pytest", *SUITE, "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-               f"--target={target}", f"--junitxml={xml}", *extra]
+        args = [*SUITE, "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", f"--target={target}",
+                f"--junitxml={xml}", *extra]
         env = {**os.environ, "DPEP_PROFILE": os.environ.get("DPEP_PROFILE") or "kill"}
         t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
-            rc, out = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, out = None, f"suite exceeded {timeout_s:.0f}s: {(e.stdout or b'')[-2000:]!r}"
+        rc, out = forked_pytest.run(args, env, str(ROOT), os.path.join(tmp, "pytest.log"), timeout_s)
         seconds = time.perf_counter() - t0
         try:
             cases = junit_failures(xml) if os.path.exists(xml) else []
