@@ -452,5 +452,5 @@ def test_decoy_copies_are_cached_apart_from_the_oracles_models():
     main = reference._load.cache_info()
     copies = reference._load_copy.cache_info()
     assert main.maxsize == 8 and copies.currsize >= 1
-    reference.load_model(path, "bfloat16", "cpu", a.decoy_experts or "eager", "decoys")
+    reference.load_model(path, "bfloat16", "cpu", "eager", "decoys")      # the copy's key: the reference's experts
     assert reference._load.cache_info() == main       # a copy never touches the main cache

@@ -169,15 +169,21 @@ def main(argv=None) -> int:
     runs, verdicts = {}, {}
     with ThreadPoolExecutor(a.jobs) as pool:
         futs = {pool.submit(run_suite, t, a.pytest_args, a.timeout): t for t in [a.control, *rows]}
-        for f in futs:
-            t, r = futs[f], f.result()
-            runs[t] = r
-            if t == a.control:
-                print(f"  control {t}: {'PASS' if r['rc'] == 0 else 'FAIL'} {r['seconds']:6.1f}s", flush=True)
-            else:
-                v = verdicts[t] = classify(r, tuple(rows[t]["expected"]))
-                print(f"  {rows[t]['id']:5s} {v['verdict']:16s} {r['seconds']:6.1f}s  "
-                      f"{','.join(v['properties']) or '-':16s} {v['test'] or ''}", flush=True)
+        try:
+            for f in futs:
+                t, r = futs[f], f.result()
+                runs[t] = r
+                if t == a.control:
+                    print(f"  control {t}: {'PASS' if r['rc'] == 0 else 'FAIL'} {r['seconds']:6.1f}s", flush=True)
+                else:
+                    v = verdicts[t] = classify(r, tuple(rows[t]["expected"]))
+                    print(f"  {rows[t]['id']:5s} {v['verdict']:16s} {r['seconds']:6.1f}s  "
+                          f"{','.join(v['properties']) or '-':16s} {v['test'] or ''}", flush=True)
+        except KeyboardInterrupt:     # the runs lead process groups of their own: Ctrl-C reaches only this one
+            for f in futs:
+                f.cancel()
+            forked_pytest.interrupt()
+            raise
     table = build_table(rows, verdicts, runs[a.control], a.control)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
