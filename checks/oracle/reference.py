@@ -85,7 +85,7 @@ def profiled():
     `checks.tools.bench_gpu`'s per-example phase times. Its CUDA phases are in the dict once the oracle's call
     inside has returned (settled)."""
     global PROFILE
-    _PENDING.clear()          # events a block left behind when its oracle call raised before settling
+    _PENDING.clear()          # events of a block whose device synchronization raised (`settling` drains the rest)
     PROFILE = prof = {}
     try:
         yield prof

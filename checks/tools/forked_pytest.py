@@ -71,6 +71,8 @@ def _forkserver():
 
 
 def _decide():
+    # the same rule as checks.harness.world's `_rank_context` (not imported here: a run imports nothing of this
+    # project before pytest.main but this module)
     if "fork" not in mp.get_all_start_methods() or os.environ.get("DPEP_WORLD_PRELOAD") == "off":
         return None
     from multiprocessing import forkserver
@@ -149,9 +151,11 @@ def run(args: list[str], env: dict, cwd: str, log: str, timeout_s: float) -> tup
             out = f.read()
     except FileNotFoundError:
         out = ""
-    if rc is None:
-        return None, f"suite exceeded {timeout_s:.0f}s: {out[-2000:]!r}"
-    return rc, out
+    return (rc, out) if rc is not None else _exceeded(timeout_s, out)
+
+
+def _exceeded(timeout_s: float, out: str) -> tuple[None, str]:
+    return None, f"suite exceeded {timeout_s:.0f}s: {out[-2000:]!r}"
 
 
 def _fresh(args: list[str], env: dict, cwd: str, timeout_s: float) -> tuple[int | None, str]:
@@ -163,7 +167,7 @@ def _fresh(args: list[str], env: dict, cwd: str, timeout_s: float) -> tuple[int 
             return p.returncode, out
         except subprocess.TimeoutExpired:
             _end_group(p.pid, kill_one=p.kill)
-            return None, f"suite exceeded {timeout_s:.0f}s: {p.communicate()[0][-2000:]!r}"
+            return _exceeded(timeout_s, p.communicate()[0])
         finally:
             _LIVE.pop(p.pid, None)
             _end_group(p.pid)
